@@ -1,0 +1,621 @@
+"""The ringwire codec: msgpack records with tensors, typed leaves and references.
+
+Theory of operation
+-------------------
+Encoding is ``msgspec.msgpack`` plus two things msgspec cannot do alone:
+
+* an ``enc_hook`` for values msgspec does not know (arrays, tensors, dtypes, numpy
+  scalars, descriptors), each becoming one Ext from the table in :mod:`._ext`;
+* a *lift* pass for values msgspec encodes natively but loses the type of: ``tuple``
+  and ``torch.Size`` become msgpack arrays, so inside *untyped* positions (anything
+  annotated ``object``/``Any``, and everything outside a Struct) they are turned into
+  Ext 6/7 before msgspec sees them.  Typed positions (``List[Tuple[int, int]]``) are
+  left alone: the typed decoder restores them.  The plan of what to lift is computed
+  once per Struct class, so a record with only typed fields costs nothing.
+
+Arrays and tensors use the buffer layout ``[u32 BE metadata length][msgpack
+metadata][raw C-contiguous bytes]`` (byte-compatible with SGLang's ``msgpack_utils``):
+one copy into the Ext payload, one copy by msgspec into the message; no nested
+msgpack layer around the raw bytes.
+
+Decoding trusts nothing.  Every length, shape, item size and dtype name is checked
+against the payload and the allow-lists in :mod:`._dtypes` before any array is made,
+so a view can never reach past the Ext payload; anything wrong is a
+:class:`~ringwire.DecodeError` saying what was wrong.  Unknown Ext codes come back as
+:class:`msgspec.msgpack.Ext`, unchanged.
+
+Threads: an :class:`Encoder` or :class:`Decoder` holds no per-call state (msgspec's
+own encoders and decoders are safe to share), so one instance may be shared by any
+number of threads.  They are also cheap to build.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+import re
+import struct
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+
+from . import _ext as X
+from ._descriptors import CudaRef, SlotRef, decode_descriptor
+from ._dtypes import (
+    MAX_NDIM,
+    numpy_dtype_from_wire,
+    numpy_dtype_to_wire,
+    torch_dtype_from_wire,
+    torch_dtype_to_wire,
+    torch_loaded,
+    torch_module,
+)
+from ._errors import DecodeError, EncodeError
+
+__all__ = ["Encoder", "Decoder", "encode", "decode"]
+
+Ext = msgspec.msgpack.Ext
+
+_U32 = struct.Struct(">I")
+_MAX_INLINE = 0xFFFFFFFF  # msgpack ext32 limit
+_MAX_DIM = 2**48
+_ARRAY_TYPECODES = frozenset("bBhHiIlLqQfd")
+_DEVICE_RE = re.compile(r"(cpu|cuda|mps|xpu|meta)(?::(\d{1,4}))?")
+_SCALARS = (int, float, str, bytes, bool, type(None))
+
+_meta_encoder = msgspec.msgpack.Encoder()
+_meta_decoder = msgspec.msgpack.Decoder()
+
+Placer = Callable[[Any], "SlotRef | CudaRef | None"]
+Resolver = Callable[["SlotRef | CudaRef"], Any]
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _pack_buffer(code: int, metadata: object, arr: np.ndarray[Any, Any]) -> Ext:
+    meta = _meta_encoder.encode(metadata)
+    start = 4 + len(meta)
+    total = start + arr.nbytes
+    if total > _MAX_INLINE:
+        raise EncodeError(
+            f"a {arr.nbytes}-byte buffer cannot travel inline (msgpack's limit is 4 GiB); "
+            "send it through a slot instead"
+        )
+    payload = bytearray(total)
+    _U32.pack_into(payload, 0, len(meta))
+    payload[4:start] = meta
+    if arr.size:
+        dst = np.frombuffer(payload, dtype=arr.dtype, count=arr.size, offset=start)
+        dst.reshape(arr.shape)[...] = arr  # also makes a non-contiguous source contiguous
+    return Ext(code, payload)
+
+
+def _encode_ndarray(arr: np.ndarray[Any, Any]) -> Ext:
+    wire = numpy_dtype_to_wire(arr.dtype)
+    return _pack_buffer(X.NUMPY_ARRAY, [list(arr.shape), wire], arr)
+
+
+def _tensor_host_bytes(t: Any) -> np.ndarray[Any, Any]:
+    """A uint8 numpy view of a contiguous host copy of tensor ``t``'s bytes."""
+    torch = torch_module()
+    if t.layout != torch.strided:
+        raise EncodeError(f"{t.layout} tensors cannot be sent; call .to_dense() first")
+    if t.device.type == "meta":
+        raise EncodeError("meta tensors have no data to send")
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = t.cpu().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _encode_tensor(t: Any) -> Ext:
+    wire = torch_dtype_to_wire(t.dtype)
+    raw = _tensor_host_bytes(t)
+    return _pack_buffer(X.TORCH_TENSOR, [list(t.shape), wire, str(t.device)], raw)
+
+
+def _encode_array(a: array.array[Any]) -> Ext:
+    if a.typecode not in _ARRAY_TYPECODES:
+        raise EncodeError(f"array.array typecode {a.typecode!r} cannot be sent")
+    raw = np.frombuffer(a, dtype=np.uint8) if len(a) else np.empty(0, np.uint8)
+    return _pack_buffer(X.ARRAY, a.typecode, raw)
+
+
+def _encode_numpy_scalar(x: np.generic) -> Ext:
+    wire = numpy_dtype_to_wire(x.dtype)
+    return Ext(X.NUMPY_SCALAR, _meta_encoder.encode([wire, x.tobytes()]))
+
+
+class Encoder:
+    """Encode Python objects and :class:`~ringwire.Record` s to msgpack bytes.
+
+    Parameters
+    ----------
+    placer:
+        Called with every numpy array and torch tensor before it is copied inline.
+        Return a :class:`SlotRef` / :class:`CudaRef` to send a reference instead
+        (the transport's slot pools do this), or ``None`` for the inline Ext 2/3 copy.
+    enc_hook:
+        Called, as in msgspec, for any other type ringwire does not know; it must
+        return something encodable.
+
+    Raises :class:`~ringwire.EncodeError` for values that cannot be sent (object or
+    structured dtypes, unsupported types, integers beyond 64 bits, payloads over 4 GiB).
+    Instances are safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        *,
+        placer: Placer | None = None,
+        enc_hook: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self._placer = placer
+        self._user_hook = enc_hook
+        self._msg = msgspec.msgpack.Encoder(enc_hook=self._hook)
+        self._plans: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+
+    # -- public API -----------------------------------------------------------------
+
+    def encode(self, obj: Any) -> bytes:
+        """Return ``obj`` as msgpack bytes."""
+        try:
+            return self._msg.encode(self._lift_any(obj))
+        except EncodeError:
+            raise
+        except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
+            raise EncodeError(str(exc)) from exc
+
+    def encode_into(self, obj: Any, buffer: bytearray, offset: int = 0) -> None:
+        """Encode ``obj`` into ``buffer`` at ``offset`` (msgspec semantics: the
+        buffer is resized to end exactly after the message; ``offset=-1`` appends)."""
+        try:
+            self._msg.encode_into(self._lift_any(obj), buffer, offset)
+        except EncodeError:
+            raise
+        except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
+            raise EncodeError(str(exc)) from exc
+
+    # -- enc_hook ---------------------------------------------------------------------
+
+    def _hook(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return self._place(obj) or _encode_ndarray(obj)
+        if isinstance(obj, np.generic):
+            return _encode_numpy_scalar(obj)
+        if isinstance(obj, np.dtype):
+            return Ext(X.NUMPY_DTYPE, _meta_encoder.encode(numpy_dtype_to_wire(obj)))
+        if isinstance(obj, SlotRef):
+            return Ext(X.SHM_REF, _meta_encoder.encode(obj))
+        if isinstance(obj, CudaRef):
+            return Ext(X.CUDA_REF, _meta_encoder.encode(obj))
+        if isinstance(obj, array.array):
+            return _encode_array(obj)
+        if torch_loaded():
+            torch = torch_module()
+            if isinstance(obj, torch.Tensor):
+                return self._place(obj) or _encode_tensor(obj)
+            if isinstance(obj, torch.dtype):
+                return Ext(X.TORCH_DTYPE, _meta_encoder.encode(torch_dtype_to_wire(obj)))
+            if isinstance(obj, torch.device):
+                return Ext(X.TORCH_DEVICE, _meta_encoder.encode(str(obj)))
+        if self._user_hook is not None:
+            return self._user_hook(obj)
+        raise EncodeError(f"values of type {type(obj).__qualname__} cannot be encoded")
+
+    def _place(self, obj: Any) -> Ext | None:
+        if self._placer is None:
+            return None
+        ref = self._placer(obj)
+        if ref is None:
+            return None
+        return self._hook(ref)
+
+    # -- lifting tuples out of untyped positions ----------------------------------------
+
+    def _lift_any(self, v: Any) -> Any:
+        t = type(v)
+        if t in _SCALARS:
+            return v
+        if t is list:
+            out = None
+            for i, x in enumerate(v):
+                y = self._lift_any(x)
+                if y is not x:
+                    if out is None:
+                        out = list(v)
+                    out[i] = y
+            return v if out is None else out
+        if t is tuple:
+            return Ext(X.TUPLE, self._msg.encode([self._lift_any(x) for x in v]))
+        if t is dict:
+            dout = None
+            for k, x in v.items():
+                y = self._lift_any(x)
+                if y is not x:
+                    if dout is None:
+                        dout = dict(v)
+                    dout[k] = y
+            return v if dout is None else dout
+        if t is SlotRef or t is CudaRef:  # msgspec would write these as plain arrays
+            return self._hook(v)
+        if isinstance(v, msgspec.Struct):
+            return self._lift_struct(v)
+        if torch_loaded() and t is torch_module().Size:
+            return Ext(X.TORCH_SIZE, self._msg.encode(list(v)))
+        return v
+
+    def _lift_struct(self, v: msgspec.Struct) -> Any:
+        cls = type(v)
+        plan = self._plans.get(cls)
+        if plan is None:
+            plan = self._plans[cls] = _struct_plan(cls, self._lift_any, self._lift_struct)
+        if not plan:
+            return v
+        changes = {}
+        for name, lift in plan:
+            old = getattr(v, name)
+            new = lift(old)
+            if new is not old:
+                changes[name] = new
+        if not changes:
+            return v
+        return msgspec.structs.replace(v, **changes)
+
+
+def _is_untyped(tp: Any) -> bool:
+    return tp is object or tp is Any
+
+
+def _struct_plan(
+    cls: type, lift_any: Callable[[Any], Any], lift_struct: Callable[[Any], Any]
+) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """For each field of ``cls`` that can hold a tuple in an untyped position (or a
+    nested Struct that can), the function that lifts it."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotations: treat every field as untyped
+        hints = {name: Any for name in cls.__struct_fields__}  # type: ignore[attr-defined]
+    plan = []
+    for name in cls.__struct_fields__:  # type: ignore[attr-defined]
+        fn = _plan_for(hints.get(name, Any), lift_any, lift_struct, depth=0)
+        if fn is not None:
+            plan.append((name, fn))
+    return tuple(plan)
+
+
+def _plan_for(
+    tp: Any,
+    lift_any: Callable[[Any], Any],
+    lift_struct: Callable[[Any], Any],
+    depth: int,
+) -> Callable[[Any], Any] | None:
+    if depth > 8:
+        return lift_any
+    if _is_untyped(tp):
+        return lift_any
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _plan_for(args[0], lift_any, lift_struct, depth + 1)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return lambda v: lift_struct(v) if isinstance(v, msgspec.Struct) else v
+    if origin is typing.Union or type(tp).__name__ == "UnionType":
+        subs = [_plan_for(a, lift_any, lift_struct, depth + 1) for a in args]
+        if any(s is lift_any for s in subs):
+            return lift_any
+        if any(s is not None for s in subs):
+            # Structs are the only thing worth descending into here
+            return lambda v: lift_struct(v) if isinstance(v, msgspec.Struct) else v
+        return None
+    if origin in (list, set, frozenset) or origin is getattr(typing, "Sequence", None):
+        item = _plan_for(args[0], lift_any, lift_struct, depth + 1) if args else lift_any
+        if item is None:
+            return None
+        return lambda v: [item(x) for x in v] if type(v) is list else v
+    if origin is dict:
+        value = _plan_for(args[1], lift_any, lift_struct, depth + 1) if args else lift_any
+        if value is None:
+            return None
+        return lambda v: {k: value(x) for k, x in v.items()} if type(v) is dict else v
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            elem = _plan_for(args[0], lift_any, lift_struct, depth + 1)
+            if elem is None:
+                return None
+            return lambda v: tuple(elem(x) for x in v) if isinstance(v, tuple) else v
+        subs = [_plan_for(a, lift_any, lift_struct, depth + 1) for a in args]
+        if all(s is None for s in subs):
+            return None
+        fns = [s or (lambda x: x) for s in subs]
+        return lambda v: (
+            tuple(f(x) for f, x in zip(fns, v, strict=True))
+            if isinstance(v, tuple) and len(v) == len(fns)
+            else v
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _split_buffer(data: memoryview, what: str) -> tuple[Any, memoryview]:
+    n = len(data)
+    if n < 4:
+        raise DecodeError(f"{what}: payload of {n} bytes is too short for its metadata length")
+    (mlen,) = _U32.unpack_from(data)
+    end = 4 + mlen
+    if end > n:
+        raise DecodeError(f"{what}: metadata length {mlen} runs past the {n}-byte payload")
+    try:
+        meta = _meta_decoder.decode(data[4:end])
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"{what}: malformed metadata ({exc})") from exc
+    return meta, data[end:]
+
+
+def _check_shape(shape: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise DecodeError(f"{what}: shape must be a list of at most {MAX_NDIM} dimensions")
+    for d in shape:
+        if type(d) is not int or not 0 <= d < _MAX_DIM:
+            raise DecodeError(f"{what}: dimension {d!r:.40} is negative, absurd or not an int")
+    return tuple(shape)
+
+
+def _check_raw(raw: memoryview, shape: tuple[int, ...], itemsize: int, what: str) -> int:
+    count = math.prod(shape)
+    if count * itemsize != len(raw):
+        raise DecodeError(
+            f"{what}: {len(raw)} raw bytes do not match shape {list(shape)} "
+            f"x itemsize {itemsize} = {count * itemsize}"
+        )
+    return count
+
+
+def _check_device(text: Any) -> str:
+    if not isinstance(text, str) or _DEVICE_RE.fullmatch(text) is None:
+        raise DecodeError(f"device {text!r:.40} is not an allowed device string")
+    return text
+
+
+class Decoder:
+    """Decode msgpack bytes produced by :class:`Encoder`.
+
+    Parameters
+    ----------
+    type:
+        The expected type (a :class:`~ringwire.Record` subclass, ``list[int]``, ...);
+        ``Any`` (the default) decodes untyped.  Fields annotated ``np.ndarray`` or
+        ``torch.Tensor`` are accepted.
+    resolver:
+        Turns an Ext 4/5 descriptor into memory (the transport supplies it).  Without
+        one, the validated :class:`SlotRef` / :class:`CudaRef` itself is returned.
+    zero_copy:
+        ``False`` (default): inline arrays and tensors are copied out of the message,
+        writable and independent of it.  ``True``: numpy arrays are read-only views of
+        the message buffer (kept alive by them); torch tensors are still copied,
+        because torch has no read-only tensors.
+    cuda_fallback:
+        What to do with an inline tensor that was on a CUDA device this process does
+        not have: ``"error"`` (default) raises :class:`DecodeError`, ``"cpu"`` returns
+        it on the CPU.
+
+    :meth:`decode` raises :class:`~ringwire.DecodeError` (a ``ValueError``) for any
+    malformed, truncated, inconsistent or disallowed input, and never anything else
+    for bad bytes.  Instances are safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        type: Any = Any,
+        *,
+        resolver: Resolver | None = None,
+        zero_copy: bool = False,
+        cuda_fallback: Literal["error", "cpu"] = "error",
+        dec_hook: Callable[[type, Any], Any] | None = None,
+    ) -> None:
+        if cuda_fallback not in ("error", "cpu"):
+            raise ValueError(f"cuda_fallback must be 'error' or 'cpu', not {cuda_fallback!r}")
+        self.type = type
+        self._resolver = resolver
+        self._zero_copy = bool(zero_copy)
+        self._cuda_fallback = cuda_fallback
+        self._user_dec_hook = dec_hook
+        self._msg = msgspec.msgpack.Decoder(type, ext_hook=self._ext_hook, dec_hook=self._dec_hook)
+        self._any = msgspec.msgpack.Decoder(ext_hook=self._ext_hook)
+        self._ext_table: dict[int, Callable[[memoryview], Any]] = {
+            X.ARRAY: self._array,
+            X.TORCH_TENSOR: self._tensor,
+            X.NUMPY_ARRAY: self._ndarray,
+            X.SHM_REF: self._shm_ref,
+            X.CUDA_REF: self._cuda_ref,
+            X.TUPLE: self._tuple,
+            X.TORCH_SIZE: self._torch_size,
+            X.TORCH_DTYPE: self._torch_dtype,
+            X.TORCH_DEVICE: self._torch_device,
+            X.NUMPY_DTYPE: self._numpy_dtype,
+            X.NUMPY_SCALAR: self._numpy_scalar,
+        }
+
+    def decode(self, buf: bytes | bytearray | memoryview) -> Any:
+        """Decode one message.  Raises :class:`~ringwire.DecodeError`."""
+        try:
+            return self._msg.decode(buf)
+        except DecodeError:
+            raise
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise DecodeError(str(exc)) from exc
+        except RecursionError as exc:
+            raise DecodeError("message is nested too deeply") from exc
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def _ext_hook(self, code: int, data: memoryview) -> Any:
+        handler = self._ext_table.get(code)
+        if handler is None:
+            return Ext(code, bytes(data))
+        try:
+            return handler(data)
+        except DecodeError:
+            raise
+        except Exception as exc:  # a bug or an unforeseen bad input: still a DecodeError
+            raise DecodeError(f"Ext {code}: {type(exc).__name__}: {exc}") from exc
+
+    def _dec_hook(self, tp: type, obj: Any) -> Any:
+        if isinstance(tp, type) and isinstance(obj, tp):
+            return obj
+        if self._user_dec_hook is not None:
+            return self._user_dec_hook(tp, obj)
+        raise TypeError(f"Expected `{getattr(tp, '__qualname__', tp)}`, got `{type(obj).__name__}`")
+
+    # -- Ext handlers -------------------------------------------------------------------
+
+    def _array(self, data: memoryview) -> array.array[Any]:
+        typecode, raw = _split_buffer(data, "Ext 1 (array.array)")
+        if not isinstance(typecode, str) or typecode not in _ARRAY_TYPECODES:
+            raise DecodeError(f"Ext 1 (array.array): typecode {typecode!r:.20} is not allowed")
+        out = array.array(typecode)
+        if len(raw) % out.itemsize:
+            raise DecodeError(
+                f"Ext 1 (array.array): {len(raw)} bytes is not a multiple of the "
+                f"{out.itemsize}-byte item size"
+            )
+        out.frombytes(raw)
+        return out
+
+    def _ndarray(self, data: memoryview) -> np.ndarray[Any, Any]:
+        what = "Ext 3 (numpy array)"
+        meta, raw = _split_buffer(data, what)
+        if not isinstance(meta, list) or len(meta) != 2:
+            raise DecodeError(f"{what}: metadata must be [shape, dtype]")
+        shape = _check_shape(meta[0], what)
+        dtype = numpy_dtype_from_wire(meta[1])
+        count = _check_raw(raw, shape, dtype.itemsize, what)
+        if not count:
+            return np.empty(shape, dtype)
+        if self._zero_copy:
+            view = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+            view.flags.writeable = False
+            return view
+        out = np.empty(shape, dtype)
+        out.reshape(-1).view(np.uint8)[...] = np.frombuffer(raw, np.uint8)
+        return out
+
+    def _tensor(self, data: memoryview) -> Any:
+        what = "Ext 2 (torch tensor)"
+        meta, raw = _split_buffer(data, what)
+        if not isinstance(meta, list) or len(meta) != 3:
+            raise DecodeError(f"{what}: metadata must be [shape, dtype, device]")
+        shape = _check_shape(meta[0], what)
+        torch = torch_module()
+        dtype = torch_dtype_from_wire(meta[1])
+        device = _check_device(meta[2])
+        _check_raw(raw, shape, dtype.itemsize, what)
+        # Allocate raw bytes and view them as the dtype: no dtype-specific allocation
+        # path (complex32's warns), and bfloat16/float8 need no numpy equivalent.
+        flat = torch.empty(len(raw), dtype=torch.uint8)
+        if len(raw):
+            flat.numpy()[...] = np.frombuffer(raw, np.uint8)
+        out = flat.view(dtype).reshape(shape)
+        if device == "cpu":
+            return out
+        return self._to_device(out, device, what)
+
+    def _to_device(self, t: Any, device: str, what: str) -> Any:
+        torch = torch_module()
+        dev = torch.device(device)
+        available = False
+        if dev.type == "cuda":
+            available = torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
+        elif dev.type == "mps":
+            available = (
+                bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+            )
+        elif dev.type == "xpu":
+            xpu = getattr(torch, "xpu", None)
+            available = (
+                xpu is not None and xpu.is_available() and (dev.index or 0) < xpu.device_count()
+            )
+        if available:
+            return t.to(dev)
+        if self._cuda_fallback == "cpu":
+            return t
+        raise DecodeError(
+            f"{what}: the tensor was on {device}, which this process does not have "
+            "(pass Decoder(cuda_fallback='cpu') to receive it on the CPU)"
+        )
+
+    def _shm_ref(self, data: memoryview) -> Any:
+        ref = decode_descriptor(SlotRef, data)
+        return ref if self._resolver is None else self._resolver(ref)
+
+    def _cuda_ref(self, data: memoryview) -> Any:
+        ref = decode_descriptor(CudaRef, data)
+        return ref if self._resolver is None else self._resolver(ref)
+
+    def _tuple(self, data: memoryview) -> tuple[Any, ...]:
+        items = self._decode_any(data, "Ext 6 (tuple)")
+        if not isinstance(items, list):
+            raise DecodeError("Ext 6 (tuple): payload is not an array")
+        return tuple(items)
+
+    def _torch_size(self, data: memoryview) -> Any:
+        dims = _check_shape(self._decode_any(data, "Ext 7 (torch.Size)"), "Ext 7 (torch.Size)")
+        return torch_module().Size(dims)
+
+    def _torch_dtype(self, data: memoryview) -> Any:
+        return torch_dtype_from_wire(self._decode_any(data, "Ext 8 (torch.dtype)"))
+
+    def _torch_device(self, data: memoryview) -> Any:
+        return torch_module().device(_check_device(self._decode_any(data, "Ext 9 (torch.device)")))
+
+    def _numpy_dtype(self, data: memoryview) -> np.dtype[Any]:
+        return numpy_dtype_from_wire(self._decode_any(data, "Ext 10 (numpy dtype)"))
+
+    def _numpy_scalar(self, data: memoryview) -> np.generic:
+        what = "Ext 11 (numpy scalar)"
+        meta = self._decode_any(data, what)
+        if not (isinstance(meta, list) and len(meta) == 2 and isinstance(meta[1], bytes)):
+            raise DecodeError(f"{what}: payload must be [dtype, raw bytes]")
+        dtype = numpy_dtype_from_wire(meta[0])
+        if len(meta[1]) != dtype.itemsize:
+            raise DecodeError(f"{what}: {len(meta[1])} bytes for a {dtype.itemsize}-byte {dtype}")
+        return np.frombuffer(meta[1], dtype=dtype)[0]
+
+    def _decode_any(self, data: memoryview, what: str) -> Any:
+        try:
+            return self._any.decode(data)
+        except DecodeError:
+            raise
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise DecodeError(f"{what}: {exc}") from exc
+
+
+_default_encoder: Encoder | None = None
+_default_decoder: Decoder | None = None
+
+
+def encode(obj: Any) -> bytes:
+    """Encode with a shared default :class:`Encoder`."""
+    global _default_encoder
+    if _default_encoder is None:
+        _default_encoder = Encoder()
+    return _default_encoder.encode(obj)
+
+
+def decode(buf: bytes | bytearray | memoryview, *, type: Any = Any) -> Any:
+    """Decode with a default :class:`Decoder` (a new one when ``type`` is given)."""
+    global _default_decoder
+    if type is not Any:
+        return Decoder(type).decode(buf)
+    if _default_decoder is None:
+        _default_decoder = Decoder()
+    return _default_decoder.decode(buf)

@@ -1,0 +1,108 @@
+"""Ext 4 and Ext 5 payloads: references to tensors that live outside the message.
+
+A descriptor says *where* a tensor is (pool, slot, generation, byte range) and *what*
+it is (shape, dtype, kind).  It never carries a pointer or a path: the pool id is a
+number the transport handed out for this connection, so a decoder can only be pointed
+at memory it was given.  The codec validates a descriptor's own consistency (version,
+non-negative numbers, ``nbytes == prod(shape) * itemsize``, allow-listed dtype); the
+transport's resolver checks the pool, slot, generation and bounds against what it owns.
+
+Both are versioned: the first array element is the layout version, and a decoder
+refuses versions it does not know with a clear :class:`~ringwire.DecodeError`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from ._dtypes import MAX_NDIM, numpy_dtype_from_wire, torch_dtype_from_wire
+from ._errors import DecodeError
+
+__all__ = ["SlotRef", "CudaRef", "DESCRIPTOR_VERSION", "KIND_NUMPY", "KIND_TORCH"]
+
+DESCRIPTOR_VERSION = 1
+KIND_NUMPY = "numpy"
+KIND_TORCH = "torch"
+
+_U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack itself caps ints at 2**64 - 1
+_Dim = Annotated[int, msgspec.Meta(ge=0, lt=2**48)]
+_Shape = Annotated[tuple[_Dim, ...], msgspec.Meta(max_length=MAX_NDIM)]
+_Kind = Literal["numpy", "torch"]
+
+
+def _itemsize(kind: str, dtype: str) -> int:
+    if kind == KIND_NUMPY:
+        return numpy_dtype_from_wire(dtype).itemsize
+    return int(torch_dtype_from_wire(dtype).itemsize)
+
+
+def _check_nbytes(ref: SlotRef | CudaRef) -> None:
+    if ref.version != DESCRIPTOR_VERSION:
+        raise DecodeError(
+            f"{type(ref).__name__} version {ref.version} is not supported "
+            f"(this ringwire speaks version {DESCRIPTOR_VERSION})"
+        )
+    expected = math.prod(ref.shape) * _itemsize(ref.kind, ref.dtype)
+    if expected != ref.nbytes:
+        raise DecodeError(
+            f"{type(ref).__name__} says {ref.nbytes} bytes but shape {list(ref.shape)} of "
+            f"{ref.dtype} needs {expected}"
+        )
+
+
+class SlotRef(msgspec.Struct, array_like=True, frozen=True):
+    """Ext 4: an array or tensor held in a slot of the producer's SHM pool.
+
+    ``dtype`` is ``numpy.dtype.str`` when ``kind == "numpy"`` and the torch dtype
+    name without ``torch.`` when ``kind == "torch"``.
+    """
+
+    version: int
+    pool: _U64
+    slot: _U64
+    generation: _U64
+    offset: _U64
+    nbytes: _U64
+    shape: _Shape
+    dtype: str
+    kind: _Kind
+
+    def validate(self) -> SlotRef:
+        _check_nbytes(self)
+        return self
+
+
+class CudaRef(msgspec.Struct, array_like=True, frozen=True):
+    """Ext 5: a tensor held in a slot of the producer's CUDA IPC pool.
+
+    ``event`` is the interprocess CUDA event handle recorded after the producer's
+    writes (empty when the producer synchronised instead).  ``kind`` is always
+    ``"torch"``.
+    """
+
+    version: int
+    pool: _U64
+    device: Annotated[int, msgspec.Meta(ge=0, lt=1024)]
+    slot: _U64
+    generation: _U64
+    offset: _U64
+    nbytes: _U64
+    shape: _Shape
+    dtype: str
+    event: Annotated[bytes, msgspec.Meta(max_length=256)] = b""
+    kind: Literal["torch"] = "torch"
+
+    def validate(self) -> CudaRef:
+        _check_nbytes(self)
+        return self
+
+
+def decode_descriptor(cls: Any, data: memoryview) -> Any:
+    try:
+        ref = msgspec.msgpack.decode(data, type=cls)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"malformed {cls.__name__}: {exc}") from exc
+    return ref.validate()

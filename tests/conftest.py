@@ -1,0 +1,123 @@
+"""Suite-wide guards: every test must leave /dev/shm, socket files and child
+processes exactly as it found them.
+
+The check is autouse, so a test that leaks fails even if its own asserts pass.
+Leaked child processes are killed (so one leak does not cascade) and reported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SHM_DIR = Path("/dev/shm")
+
+
+def _shm_names() -> set[str]:
+    try:
+        return set(os.listdir(SHM_DIR))
+    except FileNotFoundError:  # pragma: no cover - non-Linux
+        return set()
+
+
+def _socket_files(roots: list[Path]) -> set[str]:
+    found: set[str] = set()
+    for root in roots:
+        try:
+            entries = list(os.scandir(root))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    found.add(entry.path)
+                elif entry.is_dir(follow_symlinks=False) and root == Path(
+                    tempfile.gettempdir()
+                ) and entry.name.startswith("ringwire"):
+                    found |= _socket_files([Path(entry.path)])
+            except OSError:
+                continue
+    return found
+
+
+def _children(pid: int) -> set[int]:
+    kids = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: split after the last ')'
+        fields = data[data.rfind(b")") + 2 :].split()
+        state, ppid = fields[0], int(fields[1])
+        if ppid == pid and state != b"Z":
+            kids.add(int(name))
+    return kids
+
+
+def _reap_zombies() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _wait_until(pred, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    roots = [Path(tempfile.gettempdir())]
+    if "tmp_path" in request.fixturenames:
+        roots.append(request.getfixturevalue("tmp_path"))
+    shm_before = _shm_names()
+    socks_before = _socket_files(roots)
+    kids_before = _children(os.getpid())
+    yield
+    me = os.getpid()
+    # Survivors are given a moment to notice a dead peer and clean up.
+    _wait_until(lambda: not (_children(me) - kids_before), 5.0)
+    leaked_kids = _children(me) - kids_before
+    for pid in leaked_kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _reap_zombies()
+    _wait_until(lambda: not (_shm_names() - shm_before), 2.0)
+    leaked_shm = _shm_names() - shm_before
+    leaked_socks = _socket_files(roots) - socks_before
+    problems = []
+    if leaked_shm:
+        problems.append(f"/dev/shm names left behind: {sorted(leaked_shm)}")
+        for name in leaked_shm:  # do not let one leak fail every later test
+            try:
+                (SHM_DIR / name).unlink()
+            except OSError:
+                pass
+    if leaked_socks:
+        problems.append(f"socket files left behind: {sorted(leaked_socks)}")
+    if leaked_kids:
+        problems.append(f"child processes left running (killed now): {sorted(leaked_kids)}")
+    if problems:
+        pytest.fail("resource leak: " + "; ".join(problems), pytrace=False)
