@@ -1,0 +1,265 @@
+"""Small helpers shared by the ``perf/`` scripts: timing, tables, machine info.
+
+Timing
+------
+:func:`time_interleaved` times several callables ("peers") round-robin: one sample of
+each per round, with the starting peer rotated every round, so slow drift of a noisy
+machine (frequency changes, a neighbour waking up) lands on every peer alike instead
+of on whichever ran last.  :func:`time_callable` is the one-peer case.
+
+Each sample is ``time.perf_counter_ns()`` around one call.  The callable's return
+value is kept alive until the clock has been read and dropped afterwards, so freeing
+a large result is *not* part of the sample.  The garbage collector is off while
+sampling.  Reported statistics are the median and the 99th percentile (nearest rank:
+with fewer than 100 samples that is the maximum).  With ``count_faults=True`` the
+minor page faults of each call (``getrusage`` before and after, outside the clock
+reads) are averaged too: on Linux, large fresh allocations are paid for in faults.
+
+Tables
+------
+:func:`format_table` / :func:`print_table` produce a Markdown pipe table with padded,
+aligned columns, readable both in a terminal and when pasted into a README.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = [
+    "Stats",
+    "summarize",
+    "time_callable",
+    "time_interleaved",
+    "fmt_ms",
+    "format_table",
+    "print_table",
+    "machine_info",
+]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of one peer's samples, in nanoseconds."""
+
+    n: int
+    median_ns: float
+    p99_ns: float
+    min_ns: int
+    max_ns: int
+    mean_ns: float
+    faults_per_call: float | None = None  # mean minor page faults, when counted
+
+    @property
+    def median_ms(self) -> float:
+        return self.median_ns / 1e6
+
+    @property
+    def p99_ms(self) -> float:
+        return self.p99_ns / 1e6
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = asdict(self)
+        d["median_ms"] = self.median_ms
+        d["p99_ms"] = self.p99_ms
+        return d
+
+
+def _nearest_rank(sorted_samples: Sequence[int], q: float) -> int:
+    """The ``q``-quantile (0 < q <= 1) by the nearest-rank method."""
+    k = max(1, math.ceil(q * len(sorted_samples)))
+    return sorted_samples[k - 1]
+
+
+def summarize(samples_ns: Iterable[int], faults: Sequence[int] | None = None) -> Stats:
+    s = sorted(samples_ns)
+    if not s:
+        raise ValueError("no samples")
+    return Stats(
+        n=len(s),
+        median_ns=float(statistics.median(s)),
+        p99_ns=float(_nearest_rank(s, 0.99)),
+        min_ns=s[0],
+        max_ns=s[-1],
+        mean_ns=statistics.fmean(s),
+        faults_per_call=statistics.fmean(faults) if faults else None,
+    )
+
+
+def _minflt_reader() -> Callable[[], int]:
+    import resource  # Unix only; imported only when faults are counted
+
+    def read() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    return read
+
+
+def time_interleaved(
+    peers: Mapping[str, Callable[[], object]],
+    *,
+    repeats: int,
+    warmup: int = 3,
+    count_faults: bool = False,
+) -> dict[str, Stats]:
+    """Time every callable in ``peers`` ``repeats`` times, round-robin.
+
+    ``warmup`` whole rounds run first and are discarded.  Returns ``{name: Stats}``
+    in the order of ``peers``.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    names = list(peers)
+    fns = [peers[n] for n in names]
+    samples: list[list[int]] = [[] for _ in names]
+    faults: list[list[int]] = [[] for _ in names]
+    clock = time.perf_counter_ns
+    minflt = _minflt_reader() if count_faults else (lambda: 0)
+    k = len(names)
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(warmup + repeats):
+            record = r >= warmup
+            for j in range(k):
+                i = (r + j) % k  # rotate who goes first
+                fn = fns[i]
+                f0 = minflt()
+                t0 = clock()
+                out = fn()
+                t1 = clock()
+                f1 = minflt()
+                del out  # freeing the result is outside the sample
+                if record:
+                    samples[i].append(t1 - t0)
+                    faults[i].append(f1 - f0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {
+        name: summarize(samples[i], faults[i] if count_faults else None)
+        for i, name in enumerate(names)
+    }
+
+
+def time_callable(fn: Callable[[], object], *, repeats: int, warmup: int = 3) -> Stats:
+    """Time one callable: ``warmup`` discarded calls, then ``repeats`` samples."""
+    return time_interleaved({"fn": fn}, repeats=repeats, warmup=warmup)["fn"]
+
+
+def fmt_ms(ms: float) -> str:
+    """Milliseconds with about three significant digits."""
+    if ms != ms:  # NaN
+        return "n/a"
+    if ms >= 100:
+        return f"{ms:.0f}"
+    if ms >= 10:
+        return f"{ms:.1f}"
+    if ms >= 1:
+        return f"{ms:.2f}"
+    if ms >= 0.1:
+        return f"{ms:.3f}"
+    return f"{ms:.4f}"
+
+
+def format_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    align: str | None = None,
+) -> str:
+    """A Markdown pipe table with padded columns.
+
+    ``align`` has one letter per column, ``l`` or ``r``; by default the first column
+    is left-aligned and the others right-aligned.
+    """
+    ncol = len(headers)
+    if align is None:
+        align = "l" + "r" * (ncol - 1)
+    if len(align) != ncol or any(len(r) != ncol for r in rows):
+        raise ValueError("every row and the align string need one entry per header")
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max([len(headers[i]), 3, *(len(r[i]) for r in cells)]) for i in range(ncol)]
+
+    def line(items: Sequence[str]) -> str:
+        padded = [
+            s.ljust(widths[i]) if align[i] == "l" else s.rjust(widths[i])
+            for i, s in enumerate(items)
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = [
+        "-" * widths[i] if align[i] == "l" else "-" * (widths[i] - 1) + ":" for i in range(ncol)
+    ]
+    return "\n".join([line(list(headers)), line(rule), *(line(r) for r in cells)])
+
+
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    align: str | None = None,
+    *,
+    title: str | None = None,
+) -> None:
+    if title:
+        print(title)
+        print()
+    print(format_table(headers, rows, align))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    return ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _thp_mode() -> str | None:
+    """The transparent huge page mode (the bracketed word), Linux only."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else text.strip()
+
+
+def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
+    """Platform, CPU, allocator-relevant facts (libc, transparent huge pages) and the
+    versions of ``packages`` (``None`` when not installed)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count()
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "libc": " ".join(platform.libc_ver()).strip() or None,
+        "thp": _thp_mode(),
+    }
+    for name in packages:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            info[name] = None
+        else:
+            info[name] = getattr(mod, "__version__", "unknown")
+    return info
