@@ -13,6 +13,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,11 @@ def _socket_files(roots: list[Path]) -> set[str]:
             try:
                 if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
                     found.add(entry.path)
-                elif entry.is_dir(follow_symlinks=False) and root == Path(
-                    tempfile.gettempdir()
-                ) and entry.name.startswith("ringwire"):
+                elif (
+                    entry.is_dir(follow_symlinks=False)
+                    and root == Path(tempfile.gettempdir())
+                    and entry.name.startswith("ringwire")
+                ):
                     found |= _socket_files([Path(entry.path)])
             except OSError:
                 continue
@@ -83,6 +86,13 @@ def _wait_until(pred, timeout: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resource_tracker_running() -> None:
+    """'spawn' starts multiprocessing's resource tracker (a long-lived child) on first
+    use; start it before the per-test child-process accounting begins."""
+    resource_tracker.ensure_running()
 
 
 @pytest.fixture(autouse=True)

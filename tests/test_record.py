@@ -45,9 +45,7 @@ def test_private_attributes_are_not_serialized() -> None:
     assert not hasattr(back, "_cache")
 
 
-@pytest.mark.parametrize(
-    "value", [2**64 + 5, 2**200 + 17, uuid.UUID(int=2**127 + 3).int, -1, 7]
-)
+@pytest.mark.parametrize("value", [2**64 + 5, 2**200 + 17, uuid.UUID(int=2**127 + 3).int, -1, 7])
 def test_hash_is_normalized_to_low_64_bits(value: int) -> None:
     expect = value & (2**64 - 1)
     item = Item(modality="x", hash=value)

@@ -1,0 +1,1878 @@
+"""Connections over shared-memory rings: async and blocking endpoints, listeners, pairs.
+
+A connection is duplex: one SPSC ring lane per direction (see
+:mod:`ringwire._ringlayout`), both in one shared-memory segment created by the
+connecting side, plus one Unix control socket for the handshake, doorbells and
+liveness (see :mod:`ringwire._control`).
+
+Waiting
+-------
+An endpoint with nothing to read (or no room to write) first spins on the ring for a
+bounded time, then *parks*: it sets its parked flag in the ring header, fences,
+re-checks the ring, and only then waits for its control socket to become readable.
+The peer sends one doorbell byte to a parked endpoint after publishing (the
+eventcount argument is in the header of :mod:`ringwire._ringlayout`).  A parked
+endpoint uses no CPU.
+
+The spin budget starts at ``spin_us`` (default :data:`DEFAULT_SPIN_US`) and adapts: a
+spin that sees data doubles it (up to ``spin_us``), one that times out halves it (down
+to 2 us), so a peer that answers quickly is caught hot and a slow or descheduled one
+costs almost nothing.  An async spin does not yield to the event loop (it is short);
+``spin_us=0`` parks at once -- the right choice when both ends share one event loop
+or the machine has fewer cores than busy processes.
+
+Several tasks (or threads) of one endpoint may wait at once -- one receiving, one
+sending, two receivers, a receiver and a listener's fan-in.  A waiter records a "wake
+generation" *before* it parks and returns as soon as it changes, so a doorbell drained
+on behalf of another waiter is never lost; the parked flags are counted, and each new
+parker writes a fresh sequence number so the peer rings for it too.
+
+* asyncio / uvloop: the control socket is registered with the loop once
+  (``add_reader``) for the life of the connection; the callback drains doorbells and
+  resolves the waiters' futures.  Parking costs no ``epoll_ctl`` and no extra task.
+* other anyio backends (trio): one waiter awaits ``anyio.wait_readable`` on the socket,
+  the others an ``anyio.Event`` it sets.
+* blocking endpoints: one thread ``poll()`` s the socket, the others wait on a condition
+  variable.
+
+Liveness
+--------
+End of file on the control socket means the peer is gone.  The closed flags in the
+ring headers say whether it closed cleanly: a receiver first gets every record that
+was published, then :class:`anyio.EndOfStream` (clean close or ``send_eof``) or
+:class:`anyio.BrokenResourceError` (a crash: the kernel closed the peer's socket).
+Sending to a peer known to be gone raises ``BrokenResourceError``; any operation after
+our own close raises ``ClosedResourceError``.  A malformed frame or garbage on the
+control socket breaks only that connection (``BrokenResourceError`` whose cause is a
+:class:`RingCorrupted` / :class:`ProtocolError`).
+
+Hooks for tensor slots (next issue)
+-----------------------------------
+The handshake carries a protocol version and a list of segments with roles, for each
+side; :meth:`_ChannelBase._make_codec` is the one place where the Encoder (with its
+``placer``) and Decoders (with their ``resolver``) are built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import math
+import os
+import select
+import socket
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
+
+from ._codec import Decoder, Encoder
+from ._control import (
+    DOORBELL_BYTES,
+    DOORBELL_CLOSE,
+    DOORBELL_DATA,
+    DOORBELL_SPACE,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Handshake,
+    HandshakeError,
+    Hello,
+    ProtocolError,
+    Ready,
+    Reject,
+    RingSpec,
+    SegmentSpec,
+    Welcome,
+    bind_unix_socket,
+    check_peer,
+    choose_version,
+    validate_hello,
+)
+from ._errors import DecodeError, RingwireError
+from ._ringlayout import (
+    MAX_CAPACITY,
+    RCLOSED,
+    WCLOSED,
+    RingCorrupted,
+    RingReader,
+    RingWriter,
+    check_ring,
+    fence,
+    init_ring,
+    ring_size,
+    validate_capacity,
+)
+from ._segment import Segment, SegmentError, name_pid, pid_alive, sweep, unlink_segment
+
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "DEFAULT_SPIN_US",
+    "Channel",
+    "ChannelStatistics",
+    "Listener",
+    "ListenerStatistics",
+    "PairEnd",
+    "SyncChannel",
+    "SyncListener",
+    "connect",
+    "connect_sync",
+    "listen",
+    "pair",
+]
+
+logger = logging.getLogger("ringwire")
+
+DEFAULT_CAPACITY = 1 << 20
+"""Bytes of each ring lane's data area (records up to half of it travel inline)."""
+DEFAULT_SPIN_US = 50.0
+"""How long (at most) an endpoint spins on an empty (or full) ring before it parks."""
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+DEFAULT_PAIR_TIMEOUT = 60.0
+
+_EMPTY: Any = object()
+_UNSET: Any = object()
+_YIELD_EVERY = 32  # async fast paths yield to the event loop at least this often
+_MIN_SPIN_NS = 2_000  # the adaptive spin budget never drops below this
+_SPIN_YIELD_NS = 20_000  # a spinning endpoint calls sched_yield() this often
+
+
+@dataclass(frozen=True)
+class ChannelStatistics:
+    """A snapshot of one connection's counters."""
+
+    records_sent: int
+    records_received: int
+    bytes_sent: int
+    bytes_received: int
+    send_capacity: int
+    send_fill: int
+    receive_capacity: int
+    receive_fill: int
+    send_parks: int
+    receive_parks: int
+    doorbells_sent: int
+    doorbells_received: int
+
+
+@dataclass(frozen=True)
+class ListenerStatistics:
+    """A snapshot of a listener's counters."""
+
+    open_connections: int
+    accepted: int
+    refused: int
+    broken: int
+    ended: int
+
+
+# -- handshakes (one generator per role, driven by a sync or an async driver) ----------------
+
+# A handshake generator yields ("send", bytes), ("send_best_effort", bytes) or
+# ("recv", None); the driver answers a "recv" with the bytes received (b"" at EOF).
+
+
+@dataclass
+class _Established:
+    sock: socket.socket
+    segments: list[Segment]
+    tx: tuple[int, int]  # (segment index, offset) of the lane we write
+    rx: tuple[int, int]
+    peer_pid: int
+    version: int
+
+
+_Step = tuple[str, bytes | None]
+_HandshakeGen = Generator[
+    _Step, bytes | None, tuple[list[Segment], tuple[int, int], tuple[int, int], int]
+]
+
+
+def _recv_message(hs: Handshake) -> Generator[_Step, bytes | None, Any]:
+    while True:
+        msg = hs.next_message()
+        if msg is not None:
+            return msg
+        data = yield ("recv", None)
+        hs.receive_data(data or b"")
+
+
+def _client_handshake(capacity: int) -> _HandshakeGen:
+    lane = ring_size(capacity)
+    seg = Segment.create(2 * lane)
+    try:
+        init_ring(seg.buf, 0, capacity)
+        init_ring(seg.buf, lane, capacity)
+        hs = Handshake("client")
+        hello = Hello(
+            versions=list(SUPPORTED_VERSIONS),
+            pid=os.getpid(),
+            segments=[SegmentSpec(seg.name, seg.size, "rings")],
+            c2s=RingSpec(0, 0, capacity),
+            s2c=RingSpec(0, lane, capacity),
+        )
+        yield ("send", hs.send(hello))
+        welcome = yield from _recv_message(hs)
+        assert isinstance(welcome, Welcome)
+        if welcome.version not in SUPPORTED_VERSIONS:
+            raise HandshakeError(f"the listener chose unsupported version {welcome.version}")
+        if welcome.segments:
+            raise HandshakeError("the listener announced segments this version does not use")
+        seg.unlink()  # the server has attached: the name can go
+        yield ("send", hs.send(Ready()))
+        return [seg], (0, 0), (0, lane), welcome.pid
+    except BaseException:
+        seg.unlink()
+        seg.close()
+        raise
+
+
+def _server_handshake(cred_pid: int, max_capacity: int) -> _HandshakeGen:
+    """The accepting side.  ``cred_pid`` is the peer's pid from SO_PEERCRED (for a
+    socketpair, the pid of the process that made the pair)."""
+    hs = Handshake("server")
+    try:
+        hello = yield from _recv_message(hs)
+    except HandshakeError as exc:
+        # a client that died before its Hello may leave a segment nobody can name;
+        # the listener sweeps once that pid is gone
+        exc.before_hello = True  # type: ignore[attr-defined]
+        raise
+    assert isinstance(hello, Hello)
+    attached: list[Segment] = []
+    ok = False
+    try:
+        try:
+            version = choose_version(hello.versions)
+            validate_hello(hello, max_capacity=max_capacity)
+            for spec in hello.segments:
+                attached.append(Segment.attach(spec.name, spec.size))
+            for ring in (hello.c2s, hello.s2c):
+                check_ring(attached[ring.segment].buf, ring.offset, ring.capacity)
+        except (HandshakeError, SegmentError, RingCorrupted) as exc:
+            yield ("send_best_effort", hs.send(Reject(str(exc))))
+            raise HandshakeError(f"client pid {hello.pid}: {exc}") from None
+        yield ("send", hs.send(Welcome(version=version, pid=os.getpid())))
+        yield from _recv_message(hs)  # Ready
+        ok = True
+        return (
+            attached,
+            (hello.s2c.segment, hello.s2c.offset),
+            (hello.c2s.segment, hello.c2s.offset),
+            hello.pid,
+        )
+    finally:
+        if not ok:
+            for seg in attached:
+                seg.close()
+            # a client that died mid-handshake cannot unlink its names any more
+            for spec in hello.segments:
+                try:
+                    if name_pid(spec.name) in (hello.pid, cred_pid):
+                        unlink_segment(spec.name)
+                except ValueError:
+                    pass
+
+
+def _finish(gen: _HandshakeGen, stop: StopIteration, sock: socket.socket) -> _Established:
+    segments, tx, rx, pid = stop.value
+    return _Established(sock, segments, tx, rx, pid, PROTOCOL_VERSION)
+
+
+async def _send_all_async(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = sock.send(view)
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
+            continue
+        view = view[n:]
+
+
+async def _drive_async(gen: _HandshakeGen, sock: socket.socket) -> _Established:
+    try:
+        step = next(gen)
+        while True:
+            kind, data = step
+            answer: bytes | None = None
+            if kind == "recv":
+                while True:
+                    try:
+                        answer = sock.recv(65536)
+                        break
+                    except BlockingIOError:
+                        await anyio.wait_readable(sock)
+                    except (ConnectionResetError, BrokenPipeError):
+                        answer = b""
+                        break
+            else:
+                assert data is not None
+                try:
+                    await _send_all_async(sock, data)
+                except OSError:
+                    if kind == "send":
+                        raise HandshakeError(
+                            "the peer closed the connection during the handshake"
+                        ) from None
+            step = gen.send(answer)
+    except StopIteration as stop:
+        return _finish(gen, stop, sock)
+    finally:
+        gen.close()
+
+
+def _poll_fd(fd: int, events: int, timeout: float | None) -> bool:
+    p = select.poll()
+    p.register(fd, events)
+    ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+    return bool(p.poll(ms))
+
+
+def _drive_sync(gen: _HandshakeGen, sock: socket.socket, deadline: float) -> _Established:
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the ringwire handshake timed out")
+        return left
+
+    try:
+        step = next(gen)
+        while True:
+            kind, data = step
+            answer: bytes | None = None
+            if kind == "recv":
+                while True:
+                    try:
+                        answer = sock.recv(65536)
+                        break
+                    except BlockingIOError:
+                        _poll_fd(sock.fileno(), select.POLLIN, remaining())
+                    except (ConnectionResetError, BrokenPipeError):
+                        answer = b""
+                        break
+            else:
+                assert data is not None
+                view = memoryview(data)
+                try:
+                    while view:
+                        try:
+                            view = view[sock.send(view) :]
+                        except BlockingIOError:
+                            _poll_fd(sock.fileno(), select.POLLOUT, remaining())
+                except OSError:
+                    if kind == "send":
+                        raise HandshakeError(
+                            "the peer closed the connection during the handshake"
+                        ) from None
+            step = gen.send(answer)
+    except StopIteration as stop:
+        return _finish(gen, stop, sock)
+    finally:
+        gen.close()
+
+
+# -- the endpoint core ---------------------------------------------------------------------
+
+
+class _ChannelBase:
+    """State and non-blocking operations shared by :class:`Channel` and :class:`SyncChannel`."""
+
+    def __init__(
+        self,
+        est: _Established,
+        *,
+        type: Any = Any,
+        spin_us: float = DEFAULT_SPIN_US,
+        name: str = "",
+    ) -> None:
+        self._closed = False
+        self._sock = est.sock
+        self._fd = est.sock.fileno()
+        self._segments = est.segments
+        self._tx = RingWriter(est.segments[est.tx[0]].buf, est.tx[1])
+        self._rx = RingReader(est.segments[est.rx[0]].buf, est.rx[1])
+        self.peer_pid = est.peer_pid
+        self.protocol_version = est.version
+        self.name = name
+        self._spin_ns = self._spin_cur = int(max(0.0, float(spin_us)) * 1000)
+        self._eof = False  # EOF (or reset) seen on the control socket
+        self._tx_blocked = False  # closed, broken, EOF, or send_eof: sends go the slow way
+        self._broken: BaseException | None = None
+        self._eof_sent = False
+        self._wake_gen = 0
+        self._polling = False
+        self._rx_parked = self._tx_parked = 0
+        self._aio_waiters: list[asyncio.Future[None]] = []
+        self._type = type
+        self._make_codec()
+        # counters
+        self._n_sent = self._n_recv = self._b_sent = self._b_recv = 0
+        self._send_parks = self._recv_parks = 0
+        self._bells_sent = self._bells_recv = 0
+        self._fast_ops = 0
+
+    # -- the one place where codecs are made (slot pools will add placer / resolver) --------
+
+    def _make_codec(self) -> None:
+        self._enc = Encoder()
+        self._dec = Decoder(self._type)
+        self._decoders: dict[Any, Decoder] = {self._type: self._dec}
+
+    def _decoder_for(self, tp: Any) -> Decoder:
+        if tp is _UNSET:
+            return self._dec
+        dec = self._decoders.get(tp)
+        if dec is None:
+            dec = self._decoders[tp] = Decoder(tp)
+        return dec
+
+    # -- small helpers ----------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "broken" if self._broken or self._eof else "open"
+        label = f" {self.name}" if self.name else ""
+        return f"<{type(self).__name__}{label} peer pid {self.peer_pid} {state}>"
+
+    @property
+    def closed(self) -> bool:
+        """Did *we* close this endpoint?"""
+        return self._closed
+
+    def fileno(self) -> int:
+        """The control socket (readable when a doorbell or EOF is pending)."""
+        return self._fd
+
+    def statistics(self) -> ChannelStatistics:
+        if self._closed:
+            tx_fill = rx_fill = 0
+        else:
+            tx_fill = self._tx.used()
+            rx_fill = self._rx.fill()
+        return ChannelStatistics(
+            records_sent=self._n_sent,
+            records_received=self._n_recv,
+            bytes_sent=self._b_sent,
+            bytes_received=self._b_recv,
+            send_capacity=self._tx.capacity,
+            send_fill=tx_fill,
+            receive_capacity=self._rx.capacity,
+            receive_fill=rx_fill,
+            send_parks=self._send_parks,
+            receive_parks=self._recv_parks,
+            doorbells_sent=self._bells_sent,
+            doorbells_received=self._bells_recv,
+        )
+
+    def _ring(self, byte: bytes) -> None:
+        try:
+            self._sock.send(byte)
+            self._bells_sent += 1
+        except BlockingIOError:
+            pass  # the buffer holds unread doorbells: the peer will wake anyway
+        except OSError:
+            self._eof = True
+            self._tx_blocked = True
+
+    def _drain(self) -> None:
+        """Read every pending doorbell byte (and notice EOF); bump the wake generation."""
+        sock = self._sock
+        while True:
+            try:
+                data = sock.recv(512)
+            except BlockingIOError:
+                break
+            except InterruptedError:
+                continue
+            except OSError:
+                self._eof = True
+                self._tx_blocked = True
+                break
+            if not data:
+                self._eof = True
+                self._tx_blocked = True
+                break
+            self._bells_recv += len(data)
+            if data.strip(DOORBELL_BYTES):
+                self._break(ProtocolError(f"unexpected bytes on the control socket: {data[:16]!r}"))
+                break
+            if len(data) < 512:
+                break
+        self._wake_gen += 1
+
+    def _break(self, exc: BaseException) -> None:
+        """A protocol violation: this connection is unusable; tell the peer (EOF)."""
+        if self._broken is None:
+            self._broken = exc
+            self._tx_blocked = True
+            logger.warning("ringwire connection to pid %s broken: %s", self.peer_pid, exc)
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _raise_state(self) -> None:
+        if self._closed:
+            raise ClosedResourceError
+        if self._broken is not None:
+            raise BrokenResourceError(f"connection broken: {self._broken}") from self._broken
+
+    def _check_send(self) -> None:
+        if self._closed or self._broken is not None:
+            self._raise_state()
+        if self._eof_sent:
+            raise ClosedResourceError("send_eof() was called on this endpoint")
+        if self._eof or self._tx.reader_closed:
+            why = "closed its end" if self._tx.reader_closed else "is gone"
+            raise BrokenResourceError(f"the peer (pid {self.peer_pid}) {why}")
+
+    def _encode(self, item: Any) -> bytes:
+        payload = self._enc.encode(item)
+        if len(payload) > self._tx.max_payload:
+            self._tx.check_size(len(payload))
+        return payload
+
+    def _encode_many(self, items: Iterable[Any]) -> list[bytes]:
+        encode = self._enc.encode
+        payloads = [encode(item) for item in items]
+        if payloads:
+            longest = max(map(len, payloads))
+            if longest > self._tx.max_payload:
+                self._tx.check_size(longest)
+        return payloads
+
+    # -- non-blocking send -------------------------------------------------------------
+
+    def _try_send(self, payload: bytes) -> bool:
+        tx = self._tx
+        if self._tx_blocked or tx.header[RCLOSED]:
+            self._check_send()
+        if not tx.try_write(payload):
+            return False
+        self._n_sent += 1
+        self._b_sent += len(payload)
+        if tx.reader_needs_doorbell():
+            self._ring(DOORBELL_DATA)
+        return True
+
+    def _try_send_many(self, payloads: Sequence[bytes], start: int) -> int:
+        self._check_send()
+        tx = self._tx
+        n, nbytes = tx.write_many(payloads, start)
+        if n:
+            self._n_sent += n
+            self._b_sent += nbytes
+            if tx.reader_needs_doorbell():
+                self._ring(DOORBELL_DATA)
+        return n
+
+    def _send_ready(self, size: int) -> bool:
+        """Should a parked sender stop waiting?"""
+        return (
+            self._closed
+            or self._eof
+            or self._broken is not None
+            or self._tx.reader_closed
+            or self._tx.fits_now(size)
+        )
+
+    # -- non-blocking receive ------------------------------------------------------------
+
+    def _try_receive(self, dec: Decoder) -> Any:
+        """One record, or ``_EMPTY``.  Raises on our close / a broken connection."""
+        if self._closed or self._broken is not None:
+            self._raise_state()
+        rx = self._rx
+        try:
+            view = rx.next_frame()
+        except RingCorrupted as exc:
+            self._break(exc)
+            raise BrokenResourceError(f"connection broken: {exc}") from exc
+        if view is None:
+            return _EMPTY
+        try:
+            obj = dec.decode(view)
+            self._n_recv += 1
+            self._b_recv += view.nbytes
+        finally:
+            view.release()
+            rx.commit()
+            if rx.writer_needs_doorbell():
+                self._ring(DOORBELL_SPACE)
+        return obj
+
+    def _try_receive_many(self, dec: Decoder, max_n: int) -> list[Any]:
+        if self._closed or self._broken is not None:
+            self._raise_state()
+        rx = self._rx
+        out: list[Any] = []
+        try:
+            nbytes = rx.read_many(dec.decode, max_n, out)
+        except RingCorrupted as exc:
+            self._break(exc)
+            raise BrokenResourceError(f"connection broken: {exc}") from exc
+        finally:
+            if rx.pending:
+                rx.commit()
+                if rx.writer_needs_doorbell():
+                    self._ring(DOORBELL_SPACE)
+        self._n_recv += len(out)
+        self._b_recv += nbytes
+        return out
+
+    def _receive_ready(self) -> bool:
+        """Should a parked receiver stop waiting?"""
+        rx = self._rx
+        return (
+            self._closed
+            or self._eof
+            or self._broken is not None
+            or rx.available()
+            or rx.writer_closed
+        )
+
+    def _check_finished(self) -> None:
+        """The ring is empty: raise if the peer will never publish again."""
+        rx = self._rx
+        if rx.writer_closed:
+            fence()
+            if not rx.available():
+                raise EndOfStream
+        elif self._eof:
+            fence()
+            if not rx.available():
+                if rx.writer_closed:
+                    raise EndOfStream
+                raise BrokenResourceError(
+                    f"the peer (pid {self.peer_pid}) died or dropped the connection"
+                )
+
+    # Parking is counted: several tasks may wait on one lane at once (two receivers,
+    # or a receiver and the listener's fan-in).  Every park writes a fresh sequence
+    # number, so the peer rings again for a newcomer even if it already rang for an
+    # earlier parker; only the last one out clears the flag.
+
+    def _park_rx(self) -> None:
+        self._rx_parked += 1
+        self._rx.park()
+
+    def _unpark_rx(self) -> None:
+        self._rx_parked -= 1
+        if not self._rx_parked and not self._closed:
+            self._rx.unpark()
+
+    def _park_tx(self) -> None:
+        self._tx_parked += 1
+        self._tx.park()
+
+    def _unpark_tx(self) -> None:
+        self._tx_parked -= 1
+        if not self._tx_parked and not self._closed:
+            self._tx.unpark()
+
+    def _spin(self, ready: Any, *args: Any) -> bool:
+        """Busy-check ``ready(*args)`` for the current spin budget.
+
+        The budget adapts (as adaptive mutexes do): a spin that succeeds doubles it, up
+        to ``spin_us``; one that times out halves it, down to :data:`_MIN_SPIN_NS`.  So
+        an endpoint whose peer answers within the budget stays hot, and one whose peer
+        is slow -- or descheduled, on an oversubscribed machine -- soon parks at once
+        instead of burning a core.  A long spin yields the CPU now and then, in case
+        the peer is waiting for this very core.
+        """
+        spin = self._spin_cur
+        if not spin:
+            return False
+        clock = time.perf_counter_ns
+        now = clock()
+        deadline = now + spin
+        next_yield = now + _SPIN_YIELD_NS
+        while True:
+            if ready(*args):
+                if spin < self._spin_ns:
+                    self._spin_cur = min(self._spin_ns, 2 * spin)
+                return True
+            now = clock()
+            if now >= deadline:
+                break
+            if now >= next_yield:
+                os.sched_yield()
+                next_yield = now + _SPIN_YIELD_NS
+        self._spin_cur = max(min(_MIN_SPIN_NS, self._spin_ns), spin // 2)
+        return False
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def _mark_closed(self) -> bool:
+        """Flag our close in both ring headers.  ``False`` if already closed."""
+        if self._closed:
+            return False
+        self._closed = True
+        self._tx_blocked = True
+        try:
+            self._tx.close()
+            self._rx.close()
+        except ValueError:  # views already released
+            pass
+        return True
+
+    def _release(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        self._tx.release()
+        self._rx.release()
+        for seg in self._segments:
+            seg.unlink()
+            seg.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._tx_blocked = True
+        warnings.warn(
+            f"unclosed ringwire endpoint {self!r}", ResourceWarning, source=self, stacklevel=1
+        )
+        try:
+            self._release()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
+    """The async endpoint of a connection (asyncio, trio, uvloop; via anyio).
+
+    Object-stream semantics as in anyio: :meth:`send` / :meth:`receive` (and their
+    ``_nowait`` forms), ``async for``, :meth:`aclose`, :meth:`send_eof`, async context
+    manager.  Not thread-safe: use it from one event loop.
+    """
+
+    # -- waiting ------------------------------------------------------------------------
+
+    async def _wait_wake(self, gen: int) -> None:
+        """Wait until the wake generation moves past ``gen`` (a doorbell, EOF, close);
+        may return early (every caller re-checks)."""
+        w = self._wake_waitable(gen)
+        if w is not None:
+            await w
+
+    def _wake_waitable(self, gen: int) -> Awaitable[Any] | None:
+        """Something to await until a wakeup after generation ``gen``, or ``None`` if
+        there is no need to wait.  On asyncio it is a bare future (the hot path: no
+        extra coroutine frame); elsewhere a coroutine over ``anyio.wait_readable``."""
+        if self._wake_gen != gen or self._eof or self._closed or self._broken is not None:
+            return None
+        loop = self._aio_loop
+        if loop is None or loop.is_closed():
+            loop = self._aio_attach()
+            if loop is None:
+                return self._wait_wake_generic(gen)
+        waiters = self._aio_waiters
+        if len(waiters) > 16:  # futures of cancelled waits
+            waiters[:] = [f for f in waiters if not f.done()]
+        fut: asyncio.Future[None] = loop.create_future()
+        waiters.append(fut)
+        return fut
+
+    async def _wait_wake_generic(self, gen: int) -> None:
+        # any anyio backend: one waiter polls the socket, the others wait for it
+        while self._wake_gen == gen and not self._eof and not self._closed and self._broken is None:
+            if self._polling:
+                ev = self._wake_event
+                if ev is None:
+                    ev = self._wake_event = anyio.Event()
+                await ev.wait()
+                continue
+            self._polling = True
+            try:
+                await anyio.wait_readable(self._sock)
+            except ClosedResourceError:
+                if not self._closed:
+                    raise
+            finally:
+                self._polling = False
+                ev = self._wake_event
+                if ev is not None:
+                    self._wake_event = None
+                    ev.set()
+            if not self._closed:
+                self._drain()
+
+    # asyncio (and uvloop) fast path: the control socket stays registered with the loop
+    # for the life of the connection, so parking costs no epoll_ctl and no extra task
+    # switch; the reader callback drains doorbells and resolves every waiter's future.
+    # (A channel belongs to one event loop; a closed loop is replaced by the next one.)
+
+    _aio_ok = True
+    _aio_loop: asyncio.AbstractEventLoop | None = None
+
+    def _aio_attach(self) -> asyncio.AbstractEventLoop | None:
+        """Register with the running asyncio loop; ``None`` if not on asyncio."""
+        if not self._aio_ok:
+            return None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None  # trio, or another anyio backend
+        self._aio_unregister()
+        try:
+            loop.add_reader(self._fd, self._aio_on_readable)
+        except NotImplementedError:  # pragma: no cover - proactor loops
+            self._aio_ok = False
+            return None
+        self._aio_loop = loop
+        return loop
+
+    def _aio_on_readable(self) -> None:
+        if not self._closed:
+            self._drain()
+        if self._closed or self._eof or self._broken is not None:
+            self._aio_unregister()
+        self._aio_wake_all()
+
+    def _aio_wake_all(self) -> None:
+        waiters = self._aio_waiters
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+            waiters.clear()
+
+    def _aio_unregister(self) -> None:
+        loop = self._aio_loop
+        if loop is not None:
+            self._aio_loop = None
+            if not loop.is_closed():
+                loop.remove_reader(self._fd)
+
+    _wake_event: anyio.Event | None = None
+
+    async def _maybe_yield(self) -> None:
+        self._fast_ops += 1
+        if self._fast_ops >= _YIELD_EVERY:
+            self._fast_ops = 0
+            await anyio.lowlevel.checkpoint()
+
+    # -- send -------------------------------------------------------------------------------
+
+    async def send(self, item: Any) -> None:
+        """Send one record; waits (spin, then park) while the ring is full."""
+        payload = self._enc.encode(item)
+        if len(payload) > self._tx.max_payload:
+            self._tx.check_size(len(payload))
+        if self._try_send(payload):
+            await self._maybe_yield()
+            return
+        await self._send_slow(payload)
+
+    async def _send_slow(self, payload: bytes) -> None:
+        size = len(payload)
+        while True:
+            if self._try_send(payload):
+                return
+            if self._spin(self._send_ready, size):
+                continue
+            gen = self._wake_gen
+            self._park_tx()
+            try:
+                if self._send_ready(size):
+                    continue
+                self._send_parks += 1
+                await self._wait_wake(gen)
+            finally:
+                self._unpark_tx()
+
+    def send_nowait(self, item: Any) -> None:
+        """Send one record or raise :class:`anyio.WouldBlock` if the ring is full."""
+        if not self._try_send(self._encode(item)):
+            raise WouldBlock
+
+    async def send_many(self, items: Iterable[Any]) -> None:
+        """Send several records, publishing as many as fit at once.
+
+        Every record is encoded (and size-checked) before the first is sent.  If
+        cancelled while waiting for room, a prefix of the records has been sent.
+        """
+        payloads = self._encode_many(items)
+        i = self._try_send_many(payloads, 0)
+        while i < len(payloads):
+            size = len(payloads[i])
+            if not self._spin(self._send_ready, size):
+                gen = self._wake_gen
+                self._park_tx()
+                try:
+                    if not self._send_ready(size):
+                        self._send_parks += 1
+                        await self._wait_wake(gen)
+                finally:
+                    self._unpark_tx()
+            i += self._try_send_many(payloads, i)
+        await self._maybe_yield()
+
+    async def send_eof(self) -> None:
+        """Tell the peer that nothing more will be sent (it gets ``EndOfStream`` once it
+        has received everything); receiving still works."""
+        if self._closed:
+            raise ClosedResourceError
+        if not self._eof_sent:
+            self._eof_sent = True
+            self._tx_blocked = True
+            self._tx.close()
+            if self._tx.reader_wants_doorbell_for_close():
+                self._ring(DOORBELL_CLOSE)
+        await anyio.lowlevel.checkpoint()
+
+    # -- receive ----------------------------------------------------------------------------
+
+    async def receive(self, *, type: Any = _UNSET) -> Any:
+        """Receive one record (decoded as ``type`` if given, else the channel's type)."""
+        dec = self._dec if type is _UNSET else self._decoder_for(type)
+        # one coroutine frame down to the awaited future: this is the latency path
+        while True:
+            obj = self._try_receive(dec)
+            if obj is not _EMPTY:
+                self._fast_ops += 1
+                if self._fast_ops >= _YIELD_EVERY:
+                    self._fast_ops = 0
+                    await anyio.lowlevel.checkpoint()
+                return obj
+            # the rest is _check_finished / _park_rx / _receive_ready / _unpark_rx, inlined
+            rx = self._rx
+            if self._eof or rx.header[WCLOSED]:
+                self._check_finished()
+            if self._spin_cur and self._spin(self._receive_ready):
+                continue
+            gen = self._wake_gen
+            self._rx_parked += 1
+            rx.park()
+            try:
+                if not (
+                    self._eof
+                    or self._closed
+                    or self._broken is not None
+                    or rx.available()
+                    or rx.header[WCLOSED]
+                ):
+                    self._recv_parks += 1
+                    w = self._wake_waitable(gen)
+                    if w is not None:
+                        await w
+            finally:
+                self._rx_parked -= 1
+                if not self._rx_parked and not self._closed:
+                    rx.unpark()
+
+    async def _receive_slow(self, dec: Decoder) -> Any:
+        while True:
+            obj = self._try_receive(dec)
+            if obj is not _EMPTY:
+                return obj
+            self._check_finished()
+            if self._spin(self._receive_ready):
+                continue
+            gen = self._wake_gen
+            self._park_rx()
+            try:
+                if self._receive_ready():
+                    continue
+                self._recv_parks += 1
+                await self._wait_wake(gen)
+            finally:
+                self._unpark_rx()
+
+    def receive_nowait(self, *, type: Any = _UNSET) -> Any:
+        """One record, or :class:`anyio.WouldBlock` if none is published yet."""
+        obj = self._try_receive(self._decoder_for(type))
+        if obj is _EMPTY:
+            self._check_finished()
+            raise WouldBlock
+        return obj
+
+    async def receive_many(self, max_n: int = 1024, *, type: Any = _UNSET) -> list[Any]:
+        """Wait for at least one record, then return every published one (up to
+        ``max_n``), handing their ring space back at once."""
+        if max_n < 1:
+            raise ValueError("max_n must be at least 1")
+        dec = self._decoder_for(type)
+        out = self._try_receive_many(dec, max_n)
+        if out:
+            await self._maybe_yield()
+            return out
+        out = [await self._receive_slow(dec)]
+        if max_n > 1:
+            out += self._try_receive_many(dec, max_n - 1)
+        return out
+
+    def receive_many_nowait(self, max_n: int = 1024, *, type: Any = _UNSET) -> list[Any]:
+        """Every published record (up to ``max_n``); ``WouldBlock`` if there is none."""
+        out = self._try_receive_many(self._decoder_for(type), max_n)
+        if not out:
+            self._check_finished()
+            raise WouldBlock
+        return out
+
+    def __aiter__(self) -> Channel:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except EndOfStream:
+            raise StopAsyncIteration from None
+
+    # -- closing ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close: the peer receives what was sent, then ``EndOfStream``.  Tasks waiting
+        on this endpoint get ``ClosedResourceError``."""
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """Close without awaiting (call it from the event loop's thread)."""
+        if not self._mark_closed():
+            return
+        self._aio_unregister()
+        self._aio_wake_all()
+        if self._polling:
+            try:
+                anyio.notify_closing(self._sock)
+            except Exception:  # pragma: no cover - no running loop any more
+                pass
+        ev = self._wake_event
+        if ev is not None:
+            self._wake_event = None
+            ev.set()
+        self._release()
+
+
+class SyncChannel(_ChannelBase):
+    """The blocking endpoint of a connection, for threads and plain scripts.
+
+    ``send`` / ``receive`` take ``timeout`` (seconds, ``None`` = forever) and raise
+    :class:`TimeoutError` when it expires.  Thread-safe: one sender and one receiver
+    run at a time, others wait for their turn.
+    """
+
+    def __init__(self, est: _Established, **kw: Any) -> None:
+        super().__init__(est, **kw)
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._cv = threading.Condition(threading.Lock())
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+
+    @staticmethod
+    def _deadline(timeout: float | None) -> float | None:
+        return None if timeout is None else time.monotonic() + timeout
+
+    @staticmethod
+    def _acquire(lock: threading.Lock, deadline: float | None) -> None:
+        if deadline is None:
+            lock.acquire()
+        elif not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("timed out waiting for another thread using this channel")
+
+    def _wait_wake(self, gen: int, deadline: float | None) -> None:
+        cv = self._cv
+        with cv:
+            while (
+                self._wake_gen == gen
+                and not self._eof
+                and not self._closed
+                and self._broken is None
+            ):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError("ringwire channel operation timed out")
+                if self._polling:
+                    cv.wait(left)
+                    continue
+                self._polling = True
+                cv.release()
+                try:
+                    ms = -1 if left is None else max(1, math.ceil(left * 1000))
+                    ready = self._poll.poll(ms)
+                    if ready and not self._closed:
+                        self._drain()
+                finally:
+                    cv.acquire()
+                    self._polling = False
+                    cv.notify_all()
+
+    def _park_and_wait(
+        self,
+        lane: RingWriter | RingReader,
+        ready: Any,
+        args: tuple[Any, ...],
+        deadline: float | None,
+    ) -> None:
+        gen = self._wake_gen
+        rx = lane is self._rx
+        if rx:
+            self._park_rx()
+        else:
+            self._park_tx()
+        try:
+            if ready(*args):
+                return
+            if rx:
+                self._recv_parks += 1
+            else:
+                self._send_parks += 1
+            self._wait_wake(gen, deadline)
+        finally:
+            if rx:
+                self._unpark_rx()
+            else:
+                self._unpark_tx()
+
+    # -- send -------------------------------------------------------------------------------
+
+    def send(self, item: Any, timeout: float | None = None) -> None:
+        """Send one record, waiting up to ``timeout`` seconds for room in the ring."""
+        payload = self._encode(item)
+        lock = self._send_lock
+        deadline = None
+        if not lock.acquire(False):
+            deadline = self._deadline(timeout)
+            self._acquire(lock, deadline)
+        try:
+            if self._try_send(payload):
+                return
+            if deadline is None:
+                deadline = self._deadline(timeout)
+            size = len(payload)
+            while not self._try_send(payload):
+                if not self._spin(self._send_ready, size):
+                    self._park_and_wait(self._tx, self._send_ready, (size,), deadline)
+        finally:
+            lock.release()
+
+    def send_nowait(self, item: Any) -> None:
+        payload = self._encode(item)
+        with self._send_lock:
+            if not self._try_send(payload):
+                raise WouldBlock
+
+    def send_many(self, items: Iterable[Any], timeout: float | None = None) -> None:
+        """Send several records, publishing as many as fit at once.  On timeout a
+        prefix of them has been sent."""
+        payloads = self._encode_many(items)
+        deadline = self._deadline(timeout)
+        self._acquire(self._send_lock, deadline)
+        try:
+            i = self._try_send_many(payloads, 0)
+            while i < len(payloads):
+                size = len(payloads[i])
+                if not self._spin(self._send_ready, size):
+                    self._park_and_wait(self._tx, self._send_ready, (size,), deadline)
+                i += self._try_send_many(payloads, i)
+        finally:
+            self._send_lock.release()
+
+    def send_eof(self) -> None:
+        with self._send_lock:
+            if self._closed:
+                raise ClosedResourceError
+            if not self._eof_sent:
+                self._eof_sent = True
+                self._tx_blocked = True
+                self._tx.close()
+                if self._tx.reader_wants_doorbell_for_close():
+                    self._ring(DOORBELL_CLOSE)
+
+    # -- receive ----------------------------------------------------------------------------
+
+    def receive(self, timeout: float | None = None, *, type: Any = _UNSET) -> Any:
+        """Receive one record, waiting up to ``timeout`` seconds.
+
+        Raises ``EndOfStream`` after the peer closed (and everything was received),
+        ``BrokenResourceError`` if it died, ``TimeoutError`` on timeout."""
+        dec = self._dec if type is _UNSET else self._decoder_for(type)
+        lock = self._recv_lock
+        deadline = None
+        if not lock.acquire(False):
+            deadline = self._deadline(timeout)
+            self._acquire(lock, deadline)
+        try:
+            obj = self._try_receive(dec)
+            if obj is not _EMPTY:
+                return obj
+            if deadline is None:
+                deadline = self._deadline(timeout)
+            while True:
+                self._check_finished()
+                if not self._spin(self._receive_ready):
+                    self._park_and_wait(self._rx, self._receive_ready, (), deadline)
+                obj = self._try_receive(dec)
+                if obj is not _EMPTY:
+                    return obj
+        finally:
+            lock.release()
+
+    def receive_nowait(self, *, type: Any = _UNSET) -> Any:
+        with self._recv_lock:
+            obj = self._try_receive(self._decoder_for(type))
+            if obj is _EMPTY:
+                self._check_finished()
+                raise WouldBlock
+            return obj
+
+    def receive_many(
+        self, max_n: int = 1024, timeout: float | None = None, *, type: Any = _UNSET
+    ) -> list[Any]:
+        """Wait for at least one record, then return every published one (up to ``max_n``)."""
+        if max_n < 1:
+            raise ValueError("max_n must be at least 1")
+        dec = self._decoder_for(type)
+        deadline = self._deadline(timeout)
+        self._acquire(self._recv_lock, deadline)
+        try:
+            while True:
+                out = self._try_receive_many(dec, max_n)
+                if out:
+                    return out
+                self._check_finished()
+                if not self._spin(self._receive_ready):
+                    self._park_and_wait(self._rx, self._receive_ready, (), deadline)
+        finally:
+            self._recv_lock.release()
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            try:
+                yield self.receive()
+            except EndOfStream:
+                return
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close: the peer receives what was sent, then ``EndOfStream``.  Threads
+        blocked on this endpoint get ``ClosedResourceError``."""
+        with self._cv:
+            if not self._mark_closed():
+                return
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in poll
+        except OSError:
+            pass
+        with self._cv:
+            self._cv.notify_all()
+        with self._send_lock, self._recv_lock:
+            self._release()
+
+    def __enter__(self) -> SyncChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- connecting ---------------------------------------------------------------------------
+
+
+def _client_socket(path: str | os.PathLike[str]) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock
+
+
+async def connect(
+    path: str | os.PathLike[str],
+    *,
+    capacity: int = DEFAULT_CAPACITY,
+    type: Any = Any,
+    spin_us: float = DEFAULT_SPIN_US,
+    timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+) -> Channel:
+    """Connect to the :class:`Listener` at ``path``; return the async endpoint.
+
+    ``capacity`` is the data capacity of each ring lane (a power of two).  Raises
+    :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the rings,
+    :class:`HandshakeError` if the listener refuses, ``TimeoutError`` after ``timeout``.
+    """
+    validate_capacity(capacity)
+    sock = _client_socket(path)
+    try:
+        with anyio.fail_after(timeout):
+            while True:
+                try:
+                    sock.connect(os.fspath(path))
+                    break
+                except (BlockingIOError, InterruptedError):
+                    await anyio.sleep(0.001)  # listener backlog full: retry
+            check_peer(sock)
+            est = await _drive_async(_client_handshake(capacity), sock)
+    except BaseException:
+        sock.close()
+        raise
+    return Channel(est, type=type, spin_us=spin_us, name=os.fspath(path))
+
+
+def connect_sync(
+    path: str | os.PathLike[str],
+    *,
+    capacity: int = DEFAULT_CAPACITY,
+    type: Any = Any,
+    spin_us: float = DEFAULT_SPIN_US,
+    timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+) -> SyncChannel:
+    """Blocking :func:`connect`: returns a :class:`SyncChannel`."""
+    validate_capacity(capacity)
+    deadline = time.monotonic() + timeout
+    sock = _client_socket(path)
+    try:
+        while True:
+            try:
+                sock.connect(os.fspath(path))
+                break
+            except (BlockingIOError, InterruptedError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cannot connect to {path}: listener busy") from None
+                time.sleep(0.001)
+        check_peer(sock)
+        est = _drive_sync(_client_handshake(capacity), sock, deadline)
+    except BaseException:
+        sock.close()
+        raise
+    return SyncChannel(est, type=type, spin_us=spin_us, name=os.fspath(path))
+
+
+# -- listening ----------------------------------------------------------------------------
+
+
+async def _sweep_when_dead(pid: int, patience: float = 2.0) -> None:
+    """Wait (a little) for ``pid`` to be gone, then remove dead creators' segments."""
+    deadline = time.monotonic() + patience
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return  # alive after all: it can unlink its own names
+        await anyio.sleep(0.01)
+    sweep()
+
+
+class Listener:
+    """Accepts connections at a Unix socket path; many producers, one consumer.
+
+    Use it as an async context manager (it accepts and runs handshakes in the
+    background while open)::
+
+        async with ringwire.listen(path) as listener:
+            async for conn, record in listener:     # fair fan-in over all connections
+                await conn.send(reply)
+
+    :meth:`accept` returns each new connection as well, for per-connection handling.
+    A connection that breaks (crash, bad frame, undecodable record) is closed, logged
+    and dropped from the fan-in; one that ends cleanly is dropped silently.  A failed
+    handshake never disturbs the listener.  Closing the listener closes every
+    connection it accepted and removes the socket file.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        type: Any = Any,
+        spin_us: float = DEFAULT_SPIN_US,
+        max_capacity: int = MAX_CAPACITY,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        backlog: int = 128,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._type = type
+        self._spin_us = spin_us
+        self._spin_ns = int(max(0.0, float(spin_us)) * 1000)
+        self._max_capacity = max_capacity
+        self._handshake_timeout = handshake_timeout
+        self._backlog = backlog
+        self._sock: socket.socket | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._conns: list[Channel] = []
+        self._closed = False
+        self._rr = 0
+        self._event: anyio.Event | None = None
+        self._accept_send, self._accept_recv = anyio.create_memory_object_stream[Channel](math.inf)
+        self._accepted = self._refused = self._broken = self._ended = 0
+
+    def __repr__(self) -> str:
+        return f"<Listener {self.path} {len(self._conns)} connections>"
+
+    @property
+    def connections(self) -> list[Channel]:
+        """The open connections in the fan-in."""
+        return list(self._conns)
+
+    def statistics(self) -> ListenerStatistics:
+        return ListenerStatistics(
+            open_connections=len(self._conns),
+            accepted=self._accepted,
+            refused=self._refused,
+            broken=self._broken,
+            ended=self._ended,
+        )
+
+    async def __aenter__(self) -> Listener:
+        if self._sock is not None or self._closed:
+            raise RuntimeError("a Listener can be entered once")
+        self._sock = bind_unix_socket(self.path, self._backlog)
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        tg.start_soon(self._accept_loop)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        await self.aclose()
+        return None
+
+    async def aclose(self) -> None:
+        """Stop accepting, close every connection, remove the socket file."""
+        if self._closed:
+            return
+        self._closed = True
+        self._notify()
+        tg, self._tg = self._tg, None
+        for conn in list(self._conns):
+            await conn.aclose()
+        self._conns.clear()
+        if self._sock is not None:
+            anyio.notify_closing(self._sock)
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        if self._sock is not None:
+            self._sock.close()
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        self._accept_send.close()
+        # connections accepted but never taken with accept() are closed above
+        self._accept_recv.close()
+
+    # -- background tasks ---------------------------------------------------------------
+
+    async def _accept_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None and self._tg is not None
+        tg = self._tg
+        while True:
+            try:
+                conn_sock, _ = sock.accept()
+            except BlockingIOError:
+                try:
+                    await anyio.wait_readable(sock)
+                except ClosedResourceError:
+                    return
+                continue
+            except OSError as exc:  # EMFILE and friends: back off, keep listening
+                if exc.errno in (errno.EBADF, errno.EINVAL):
+                    return
+                logger.warning("ringwire listener %s: accept failed: %s", self.path, exc)
+                await anyio.sleep(0.1)
+                continue
+            conn_sock.setblocking(False)
+            tg.start_soon(self._handshake, conn_sock)
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        pid: int | None = None
+        try:
+            with anyio.fail_after(self._handshake_timeout):
+                pid = check_peer(sock)
+                est = await _drive_async(_server_handshake(pid, self._max_capacity), sock)
+        except Exception as exc:
+            sock.close()
+            self._refused += 1
+            logger.warning("ringwire listener %s refused a connection: %s", self.path, exc)
+            if getattr(exc, "before_hello", False) and pid is not None:
+                await _sweep_when_dead(pid)
+            return
+        except BaseException:
+            sock.close()
+            raise
+        conn = Channel(est, type=self._type, spin_us=self._spin_us, name=self.path)
+        if self._closed:
+            await conn.aclose()
+            return
+        self._accepted += 1
+        self._conns.append(conn)
+        self._accept_send.send_nowait(conn)
+        self._notify()
+        await self._watch(conn)
+
+    async def _watch(self, conn: Channel) -> None:
+        """Turn this connection's doorbells into fan-in wakeups, until it ends."""
+        try:
+            while not (conn._closed or conn._eof or conn._broken is not None):
+                await conn._wait_wake(conn._wake_gen)
+                self._notify()
+        except ClosedResourceError:
+            pass
+        self._notify()
+
+    def _notify(self) -> None:
+        ev = self._event
+        if ev is not None:
+            self._event = None
+            ev.set()
+
+    # -- accept -----------------------------------------------------------------------------
+
+    async def accept(self) -> Channel:
+        """The next new connection (it also takes part in the fan-in :meth:`receive`)."""
+        if self._sock is None:
+            raise RuntimeError("use the Listener as 'async with' before accepting")
+        try:
+            return await self._accept_recv.receive()
+        except (EndOfStream, ClosedResourceError):
+            raise ClosedResourceError from None
+
+    # -- fan-in -----------------------------------------------------------------------------
+
+    def _drop(self, conn: Channel, exc: BaseException | None) -> None:
+        if conn in self._conns:
+            self._conns.remove(conn)
+        if exc is None:
+            self._ended += 1
+        else:
+            self._broken += 1
+            logger.warning(
+                "ringwire listener %s dropped the connection from pid %s: %s",
+                self.path,
+                conn.peer_pid,
+                exc,
+            )
+        conn.close()
+
+    def _try_fan_in(self) -> tuple[Channel, Any] | None:
+        conns = self._conns
+        n = len(conns)
+        i = 0
+        while i < n:
+            k = (self._rr + i) % n
+            conn = conns[k]
+            try:
+                if conn._closed:
+                    obj = _EMPTY
+                    self._drop(conn, None)
+                else:
+                    obj = conn._try_receive(conn._dec)
+                    if obj is _EMPTY:
+                        conn._check_finished()
+            except EndOfStream:
+                obj = _EMPTY
+                self._drop(conn, None)
+            except (BrokenResourceError, DecodeError) as exc:
+                obj = _EMPTY
+                self._drop(conn, exc)
+            if obj is _EMPTY:
+                if n != len(conns):  # a connection went away: rescan
+                    n = len(conns)
+                    continue
+                i += 1
+                continue
+            self._rr = k + 1
+            return conn, obj
+        return None
+
+    def _any_ready(self) -> bool:
+        return any(c._receive_ready() for c in self._conns)
+
+    async def receive(self) -> tuple[Channel, Any]:
+        """The next record from any connection, as ``(connection, record)``.
+
+        Fair: connections with data are served round-robin, one record each; records
+        of one connection arrive in order.  Raises ``ClosedResourceError`` once the
+        listener is closed.
+        """
+        while True:
+            if self._closed:
+                raise ClosedResourceError
+            got = self._try_fan_in()
+            if got is not None:
+                conn = got[0]
+                await conn._maybe_yield()
+                return got
+            if self._spin_ns and self._conns:
+                clock = time.perf_counter_ns
+                deadline = clock() + self._spin_ns
+                while clock() < deadline:
+                    if self._any_ready():
+                        break
+                if self._any_ready():
+                    continue
+            ev = self._event
+            if ev is None:
+                ev = self._event = anyio.Event()
+            parked = [c for c in self._conns if not c._closed]
+            for c in parked:
+                c._park_rx()
+            try:
+                if self._any_ready():
+                    continue
+                for c in parked:
+                    c._recv_parks += 1
+                await ev.wait()
+            finally:
+                for c in parked:
+                    c._unpark_rx()
+
+    def receive_nowait(self) -> tuple[Channel, Any]:
+        if self._closed:
+            raise ClosedResourceError
+        got = self._try_fan_in()
+        if got is None:
+            raise WouldBlock
+        return got
+
+    def __aiter__(self) -> AsyncIterator[tuple[Channel, Any]]:
+        return self
+
+    async def __anext__(self) -> tuple[Channel, Any]:
+        try:
+            return await self.receive()
+        except ClosedResourceError:
+            raise StopAsyncIteration from None
+
+
+def listen(path: str | os.PathLike[str], **kwargs: Any) -> Listener:
+    """A :class:`Listener` at ``path``; use it as ``async with listen(path) as l:``."""
+    return Listener(path, **kwargs)
+
+
+class SyncListener:
+    """A blocking listener: :meth:`accept` returns :class:`SyncChannel` s."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        type: Any = Any,
+        spin_us: float = DEFAULT_SPIN_US,
+        max_capacity: int = MAX_CAPACITY,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        backlog: int = 128,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._type = type
+        self._spin_us = spin_us
+        self._max_capacity = max_capacity
+        self._handshake_timeout = handshake_timeout
+        self._sock: socket.socket | None = bind_unix_socket(self.path, backlog)
+        self.refused = 0
+
+    def accept(self, timeout: float | None = None) -> SyncChannel:
+        """Wait for the next connection whose handshake succeeds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._sock is None:
+                raise ClosedResourceError
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError("no connection before the timeout")
+            try:
+                conn_sock, _ = self._sock.accept()
+            except BlockingIOError:
+                _poll_fd(self._sock.fileno(), select.POLLIN, left)
+                continue
+            conn_sock.setblocking(False)
+            try:
+                pid = check_peer(conn_sock)
+                hs_deadline = time.monotonic() + self._handshake_timeout
+                est = _drive_sync(
+                    _server_handshake(pid, self._max_capacity), conn_sock, hs_deadline
+                )
+            except (RingwireError, OSError) as exc:
+                conn_sock.close()
+                self.refused += 1
+                logger.warning("ringwire listener %s refused a connection: %s", self.path, exc)
+                continue
+            except BaseException:
+                conn_sock.close()
+                raise
+            return SyncChannel(est, type=self._type, spin_us=self._spin_us, name=self.path)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> SyncListener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_sock", None) is not None:
+            warnings.warn(
+                f"unclosed ringwire SyncListener at {self.path}", ResourceWarning, stacklevel=1
+            )
+            self.close()
+
+
+# -- pairs --------------------------------------------------------------------------------
+
+_fork_epoch = 0
+
+
+def _after_fork() -> None:  # pragma: no cover - runs around fork
+    global _fork_epoch
+    _fork_epoch += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_parent=_after_fork, after_in_child=_after_fork)
+
+
+class PairEnd:
+    """One end of :func:`pair`, not yet connected.
+
+    Pass it to a child process (as a ``multiprocessing.Process`` argument, with the
+    ``spawn``, ``forkserver`` or ``fork`` start method) and call :meth:`connect` /
+    :meth:`connect_sync` there; connect the other end in the parent.  Once the child
+    is started, connecting the other end closes the parent's copy of this one, so the
+    parent notices when the child dies.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        role: str,
+        capacity: int,
+        sibling: PairEnd | None = None,
+    ) -> None:
+        self._sock: socket.socket | None = sock
+        self._role = role
+        self._capacity = capacity
+        self._sibling: weakref.ref[PairEnd] | None = weakref.ref(sibling) if sibling else None
+        self._epoch = _fork_epoch
+        self._sent = False
+
+    def __repr__(self) -> str:
+        state = "open" if self._sock is not None else "used"
+        return f"<PairEnd {self._role} {state}>"
+
+    def __reduce__(self) -> Any:
+        from multiprocessing import context, reduction
+
+        if self._sock is None:
+            raise ValueError("this PairEnd was already connected or closed")
+        if context.get_spawning_popen() is None:
+            raise TypeError(
+                "a PairEnd can only be pickled as an argument of a starting multiprocessing.Process"
+            )
+        self._sent = True
+        return (
+            _rebuild_pair_end,
+            (reduction.DupFd(self._sock.fileno()), self._role, self._capacity),
+        )
+
+    def close(self) -> None:
+        """Drop this end without connecting (the other end's connect then fails)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _take(self) -> socket.socket:
+        if self._sock is None:
+            raise ClosedResourceError("this PairEnd was already connected or closed")
+        sibling = self._sibling() if self._sibling is not None else None
+        if sibling is not None and (sibling._sent or sibling._epoch != _fork_epoch):
+            sibling.close()  # it lives in another process now
+        sock, self._sock = self._sock, None
+        return sock
+
+    async def connect(
+        self,
+        *,
+        type: Any = Any,
+        spin_us: float = DEFAULT_SPIN_US,
+        timeout: float = DEFAULT_PAIR_TIMEOUT,
+    ) -> Channel:
+        """Finish the connection (the other end must connect too); the async endpoint."""
+        sock = self._take()
+        try:
+            with anyio.fail_after(timeout):
+                pid = check_peer(sock)
+                if self._role == "client":
+                    est = await _drive_async(_client_handshake(self._capacity), sock)
+                else:
+                    est = await _drive_async(_server_handshake(pid, MAX_CAPACITY), sock)
+        except BaseException:
+            sock.close()
+            raise
+        return Channel(est, type=type, spin_us=spin_us, name=f"pair:{self._role}")
+
+    def connect_sync(
+        self,
+        *,
+        type: Any = Any,
+        spin_us: float = DEFAULT_SPIN_US,
+        timeout: float = DEFAULT_PAIR_TIMEOUT,
+    ) -> SyncChannel:
+        """Blocking :meth:`connect`."""
+        sock = self._take()
+        try:
+            deadline = time.monotonic() + timeout
+            pid = check_peer(sock)
+            if self._role == "client":
+                est = _drive_sync(_client_handshake(self._capacity), sock, deadline)
+            else:
+                est = _drive_sync(_server_handshake(pid, MAX_CAPACITY), sock, deadline)
+        except BaseException:
+            sock.close()
+            raise
+        return SyncChannel(est, type=type, spin_us=spin_us, name=f"pair:{self._role}")
+
+    def __del__(self) -> None:
+        if getattr(self, "_sock", None) is not None:
+            if not self._sent and self._epoch == _fork_epoch:
+                warnings.warn(f"unused ringwire {self!r}", ResourceWarning, stacklevel=1)
+            self.close()
+
+
+def _rebuild_pair_end(dupfd: Any, role: str, capacity: int) -> PairEnd:
+    fd = dupfd.detach()
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+    return PairEnd(sock, role, capacity)
+
+
+def pair(*, capacity: int = DEFAULT_CAPACITY) -> tuple[PairEnd, PairEnd]:
+    """Two connectable ends of a new connection, for a parent and a child process.
+
+    ::
+
+        a, b = ringwire.pair()
+        proc = ctx.Process(target=child_main, args=(b,)); proc.start()
+        async with await a.connect() as chan: ...      # child: await b.connect()
+
+    The first end creates the rings (its process must be able to reserve ``2 x
+    capacity`` bytes of ``/dev/shm``); both ends must connect for either to finish.
+    """
+    validate_capacity(capacity)
+    s1, s2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    s1.setblocking(False)
+    s2.setblocking(False)
+    a = PairEnd(s1, "client", capacity)
+    b = PairEnd(s2, "server", capacity, sibling=a)
+    a._sibling = weakref.ref(b)
+    return a, b

@@ -1,0 +1,370 @@
+"""The control-socket protocol: handshake messages, a sans-I/O handshake state machine,
+doorbell bytes, and small Unix-socket helpers.
+
+Every connection has one Unix stream socket (a listener's accepted socket, or one end
+of a ``socketpair`` for :func:`ringwire.pair`).  It carries, in order:
+
+1. **The handshake**, length-prefixed msgpack messages ``[u32 big-endian length]
+   [msgpack map]`` of at most :data:`MAX_MESSAGE` bytes::
+
+       client -> server   Hello    protocol versions, the client's segments, ring placement
+       server -> client   Welcome  chosen version, the server's own segments (none yet)
+                   (or)   Reject   a reason; the connection ends
+       client -> server   Ready    the client attached everything
+
+   The client creates the ring segment and unlinks its name as soon as it reads
+   ``Welcome`` (the server has attached by then); the server unlinks the names of its
+   own segments (tensor slot pools, later) when it reads ``Ready``.  Unknown map keys
+   are ignored, so later versions can add fields; a message of an unknown kind, a bad
+   length, a bad version or a segment layout that does not add up is a
+   :class:`HandshakeError`.
+
+2. **Doorbell bytes**, one byte each, after the handshake: ``D`` (data was published
+   in the ring you read), ``S`` (space was freed in the ring you write), ``C`` (I
+   closed my sending side).  Any of them only means "re-check the rings"; any other
+   byte is a protocol error.
+
+3. **Liveness**: end of file (or ``ECONNRESET``) means the peer is gone.  Whether it
+   closed cleanly is told by the closed flags in the ring headers, not by the socket.
+
+This module does no I/O except in the small socket helpers at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+from typing import Literal, Union
+
+import msgspec
+
+from ._errors import RingwireError
+from ._ringlayout import HEADER_SIZE, MAX_CAPACITY, validate_capacity
+from ._segment import is_segment_name
+
+__all__ = [
+    "DOORBELL_BYTES",
+    "DOORBELL_CLOSE",
+    "DOORBELL_DATA",
+    "DOORBELL_SPACE",
+    "MAX_MESSAGE",
+    "PROTOCOL_VERSION",
+    "SUPPORTED_VERSIONS",
+    "Handshake",
+    "HandshakeError",
+    "Hello",
+    "Message",
+    "PeerCredentialsError",
+    "ProtocolError",
+    "Ready",
+    "Reject",
+    "RingSpec",
+    "SegmentSpec",
+    "Welcome",
+    "bind_unix_socket",
+    "check_peer",
+    "decode_message",
+    "encode_message",
+    "peer_credentials",
+    "validate_hello",
+]
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+MAX_MESSAGE = 64 * 1024
+MAGIC = "ringwire"
+
+DOORBELL_DATA = b"D"
+DOORBELL_SPACE = b"S"
+DOORBELL_CLOSE = b"C"
+DOORBELL_BYTES = b"DSC"
+
+_LEN = struct.Struct(">I")
+
+
+class ProtocolError(RingwireError):
+    """The peer broke the control protocol (garbage on the socket, a bad frame)."""
+
+
+class HandshakeError(ProtocolError):
+    """The connection handshake failed (bad message, version, layout, or refusal)."""
+
+
+class PeerCredentialsError(HandshakeError, PermissionError):
+    """The peer runs as another user: ringwire connects only processes of one uid."""
+
+
+# -- messages -------------------------------------------------------------------------
+
+
+class SegmentSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """A shared-memory segment one side created: its name, size and purpose."""
+
+    name: str
+    size: int
+    role: str = "rings"
+
+
+class RingSpec(msgspec.Struct, frozen=True):
+    """Where one ring lane lives: segment index, byte offset, data capacity."""
+
+    segment: int
+    offset: int
+    capacity: int
+
+
+class Hello(msgspec.Struct, tag="hello", kw_only=True):
+    magic: str = MAGIC
+    versions: list[int]
+    pid: int
+    segments: list[SegmentSpec]
+    c2s: RingSpec  # the lane the client writes
+    s2c: RingSpec  # the lane the server writes
+    features: list[str] = []
+
+
+class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
+    version: int
+    pid: int
+    segments: list[SegmentSpec] = []
+    features: list[str] = []
+
+
+class Ready(msgspec.Struct, tag="ready"):
+    pass
+
+
+class Reject(msgspec.Struct, tag="reject"):
+    reason: str
+
+
+Message = Union[Hello, Welcome, Ready, Reject]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode_message(msg: Message) -> bytes:
+    """One length-prefixed handshake frame."""
+    body = _encoder.encode(msg)
+    if len(body) > MAX_MESSAGE:
+        raise HandshakeError(f"handshake message of {len(body)} bytes is too large")
+    return _LEN.pack(len(body)) + body
+
+
+def decode_message(body: bytes | memoryview) -> Message:
+    """Decode the body of one handshake frame (without its length prefix)."""
+    try:
+        return _decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise HandshakeError(f"malformed handshake message: {exc}") from None
+
+
+def choose_version(offered: list[int]) -> int:
+    common = set(offered) & set(SUPPORTED_VERSIONS)
+    if not common:
+        raise HandshakeError(
+            f"no common protocol version: peer offers {sorted(offered)!r}, "
+            f"we support {list(SUPPORTED_VERSIONS)!r}"
+        )
+    return max(common)
+
+
+def validate_hello(hello: Hello, *, max_capacity: int = MAX_CAPACITY) -> None:
+    """Check everything a server must check before attaching the client's segments."""
+    if hello.magic != MAGIC:
+        raise HandshakeError(f"not a ringwire client (magic {hello.magic!r})")
+    if not hello.segments or len(hello.segments) > 16:
+        raise HandshakeError("a hello must announce between 1 and 16 segments")
+    for seg in hello.segments:
+        if not is_segment_name(seg.name):
+            raise HandshakeError(f"bad segment name {seg.name!r}")
+        if not 0 < seg.size <= 1 << 40:
+            raise HandshakeError(f"bad segment size {seg.size!r}")
+    regions = []
+    for label, ring in (("c2s", hello.c2s), ("s2c", hello.s2c)):
+        if not 0 <= ring.segment < len(hello.segments):
+            raise HandshakeError(f"{label} ring refers to a missing segment")
+        try:
+            validate_capacity(ring.capacity)
+        except ValueError as exc:
+            raise HandshakeError(f"{label} ring: {exc}") from None
+        if ring.capacity > max_capacity:
+            raise HandshakeError(
+                f"{label} ring capacity {ring.capacity} exceeds this listener's "
+                f"limit of {max_capacity}"
+            )
+        seg = hello.segments[ring.segment]
+        end = ring.offset + HEADER_SIZE + ring.capacity
+        if ring.offset < 0 or ring.offset % 64 or end > seg.size:
+            raise HandshakeError(f"{label} ring does not fit its segment")
+        regions.append((ring.segment, ring.offset, end))
+    (sa, a0, a1), (sb, b0, b1) = regions
+    if sa == sb and a0 < b1 and b0 < a1:
+        raise HandshakeError("the two rings overlap")
+
+
+# -- the handshake state machine ----------------------------------------------------------
+
+_EXPECT: dict[str, tuple[type, ...]] = {
+    "await_hello": (Hello,),
+    "await_welcome": (Welcome, Reject),
+    "await_ready": (Ready,),
+}
+_MAY_SEND: dict[str, tuple[type, ...]] = {
+    "send_hello": (Hello,),
+    "send_welcome": (Welcome, Reject),
+    "send_ready": (Ready,),
+    "await_ready": (Reject,),
+    "await_welcome": (),
+}
+_AFTER_SEND = {Hello: "await_welcome", Welcome: "await_ready", Ready: "done", Reject: "failed"}
+_AFTER_RECV = {Hello: "send_welcome", Welcome: "send_ready", Ready: "done", Reject: "failed"}
+
+
+class Handshake:
+    """The handshake of one side, as a sans-I/O state machine.
+
+    Feed received bytes with :meth:`receive_data`, take complete messages with
+    :meth:`next_message`, and turn messages into bytes to send with :meth:`send`.
+    Each checks that the message is the one the protocol expects now.
+    """
+
+    def __init__(self, role: Literal["client", "server"]) -> None:
+        if role not in ("client", "server"):
+            raise ValueError("role must be 'client' or 'server'")
+        self.role = role
+        self.state = "send_hello" if role == "client" else "await_hello"
+        self._buf = bytearray()
+        self._eof = False
+
+    @property
+    def leftover(self) -> bytes:
+        """Bytes received after the last handshake message (doorbells)."""
+        return bytes(self._buf) if self.state == "done" else b""
+
+    def send(self, msg: Message) -> bytes:
+        allowed = _MAY_SEND.get(self.state, ())
+        if not isinstance(msg, allowed):
+            raise HandshakeError(
+                f"cannot send {type(msg).__name__} in state {self.state!r} ({self.role})"
+            )
+        data = encode_message(msg)
+        self.state = _AFTER_SEND[type(msg)]
+        return data
+
+    def receive_data(self, data: bytes) -> None:
+        """Add received bytes; ``b""`` means the peer closed the socket."""
+        if not data:
+            self._eof = True
+        else:
+            self._buf += data
+            if len(self._buf) > 4 + MAX_MESSAGE + 1024 and self.state != "done":
+                raise self._fail("too much handshake data")
+
+    def _fail(self, why: str) -> HandshakeError:
+        self.state = "failed"
+        return HandshakeError(why)
+
+    def next_message(self) -> Message | None:
+        """The next complete message, or ``None`` if more bytes are needed.
+
+        Raises :class:`HandshakeError` on garbage, an unexpected message, a refusal,
+        or end of file in the middle of the handshake.
+        """
+        expected = _EXPECT.get(self.state)
+        if expected is None:
+            raise HandshakeError(f"not expecting a message in state {self.state!r}")
+        buf = self._buf
+        if len(buf) >= 4:
+            (n,) = _LEN.unpack_from(buf)
+            if n == 0 or n > MAX_MESSAGE:
+                raise self._fail(
+                    f"bad handshake frame length {n} (is the peer a ringwire endpoint?)"
+                )
+            if len(buf) >= 4 + n:
+                body = bytes(buf[4 : 4 + n])
+                del buf[: 4 + n]
+                try:
+                    msg = decode_message(body)
+                except HandshakeError:
+                    self.state = "failed"
+                    raise
+                if not isinstance(msg, expected):
+                    raise self._fail(
+                        f"unexpected {type(msg).__name__} in handshake state {self.state!r}"
+                    )
+                self.state = _AFTER_RECV[type(msg)]
+                if isinstance(msg, Reject):
+                    raise HandshakeError(f"the peer refused the connection: {msg.reason}")
+                return msg
+        if self._eof:
+            raise self._fail("the peer closed the connection during the handshake")
+        return None
+
+
+# -- socket helpers ---------------------------------------------------------------------
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def check_peer(sock: socket.socket) -> int:
+    """Refuse a peer with another uid; return its pid."""
+    pid, uid, _ = peer_credentials(sock)
+    if uid != os.geteuid():
+        raise PeerCredentialsError(
+            f"refusing a peer running as uid {uid} (pid {pid}); we are uid {os.geteuid()}"
+        )
+    return pid
+
+
+def bind_unix_socket(path: str, backlog: int = 128) -> socket.socket:
+    """A nonblocking listening Unix socket at ``path``, mode 0600."""
+    path = os.fspath(path)
+    if len(os.fsencode(path)) >= 108:
+        raise ValueError(f"socket path too long for a Unix socket (max 107 bytes): {path!r}")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISSOCK(st.st_mode):
+            # a leftover from a crashed listener is replaced; a live one is not
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(path)
+            else:
+                raise OSError(f"another listener is live at {path}")
+            finally:
+                probe.close()
+        else:
+            raise FileExistsError(f"{path} exists and is not a socket")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)  # the socket file is created 0600, never wider
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        try:
+            os.chmod(path, 0o600)
+            sock.listen(backlog)
+            sock.setblocking(False)
+        except BaseException:
+            os.unlink(path)
+            raise
+    except BaseException:
+        sock.close()
+        raise
+    return sock
