@@ -36,7 +36,7 @@ import math
 import re
 import struct
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -64,7 +64,8 @@ _MAX_INLINE = 0xFFFFFFFF  # msgpack ext32 limit
 _MAX_DIM = 2**48
 _ARRAY_TYPECODES = frozenset("bBhHiIlLqQfd")
 _DEVICE_RE = re.compile(r"(cpu|cuda|mps|xpu|meta)(?::(\d{1,4}))?")
-_SCALARS = (int, float, str, bytes, bool, type(None))
+# Types whose values never hold a tuple: the lift pass returns them at once.
+_ATOMIC: set[type] = {int, float, str, bytes, bool, type(None), bytearray, memoryview, np.ndarray}
 _SMALL_PAYLOAD = 64 * 1024
 
 _meta_encoder = msgspec.msgpack.Encoder()
@@ -228,34 +229,24 @@ class Encoder:
 
     def _lift_any(self, v: Any) -> Any:
         t = type(v)
-        if t in _SCALARS:
+        if t in _ATOMIC:
             return v
         if t is list:
-            out = None
-            for i, x in enumerate(v):
-                y = self._lift_any(x)
-                if y is not x:
-                    if out is None:
-                        out = list(v)
-                    out[i] = y
-            return v if out is None else out
+            return _map_list(self._lift_any, v)
+        if t is dict:
+            return _map_dict(self._lift_any, v)
         if t is tuple:
             return Ext(X.TUPLE, self._msg.encode([self._lift_any(x) for x in v]))
-        if t is dict:
-            dout = None
-            for k, x in v.items():
-                y = self._lift_any(x)
-                if y is not x:
-                    if dout is None:
-                        dout = dict(v)
-                    dout[k] = y
-            return v if dout is None else dout
         if t is SlotRef or t is CudaRef:  # msgspec would write these as plain arrays
             return self._hook(v)
         if isinstance(v, msgspec.Struct):
             return self._lift_struct(v)
-        if torch_loaded() and t is torch_module().Size:
-            return Ext(X.TORCH_SIZE, self._msg.encode(list(v)))
+        if torch_loaded():
+            torch = torch_module()
+            if t is torch.Size:
+                return Ext(X.TORCH_SIZE, self._msg.encode(list(v)))
+            if t is torch.Tensor:
+                _ATOMIC.add(t)  # from now on skipped without a lookup
         return v
 
     def _lift_struct(self, v: msgspec.Struct) -> Any:
@@ -274,6 +265,39 @@ class Encoder:
         if not changes:
             return v
         return msgspec.structs.replace(v, **changes)
+
+
+def _map_list(fn: Callable[[Any], Any], v: list[Any]) -> list[Any]:
+    """``[fn(x) for x in v]``, but ``v`` itself when nothing changed (no allocation)."""
+    out = None
+    for i, x in enumerate(v):
+        if type(x) in _ATOMIC:
+            continue
+        y = fn(x)
+        if y is not x:
+            if out is None:
+                out = list(v)
+            out[i] = y
+    return v if out is None else out
+
+
+def _map_dict(fn: Callable[[Any], Any], v: dict[Any, Any]) -> dict[Any, Any]:
+    """``{k: fn(x)}`` over ``v``, but ``v`` itself when nothing changed."""
+    out = None
+    for k, x in v.items():
+        if type(x) in _ATOMIC:
+            continue
+        y = fn(x)
+        if y is not x:
+            if out is None:
+                out = dict(v)
+            out[k] = y
+    return v if out is None else out
+
+
+def _map_tuple(fns: Sequence[Callable[[Any], Any]], v: tuple[Any, ...]) -> tuple[Any, ...]:
+    new = tuple(f(x) for f, x in zip(fns, v))
+    return v if all(a is b for a, b in zip(new, v)) else new
 
 
 def _is_untyped(tp: Any) -> bool:
@@ -325,27 +349,23 @@ def _plan_for(
         item = _plan_for(args[0], lift_any, lift_struct, depth + 1) if args else lift_any
         if item is None:
             return None
-        return lambda v: [item(x) for x in v] if type(v) is list else v
+        return lambda v: _map_list(item, v) if type(v) is list else v
     if origin is dict:
         value = _plan_for(args[1], lift_any, lift_struct, depth + 1) if args else lift_any
         if value is None:
             return None
-        return lambda v: {k: value(x) for k, x in v.items()} if type(v) is dict else v
+        return lambda v: _map_dict(value, v) if type(v) is dict else v
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             elem = _plan_for(args[0], lift_any, lift_struct, depth + 1)
             if elem is None:
                 return None
-            return lambda v: tuple(elem(x) for x in v) if isinstance(v, tuple) else v
+            return lambda v: _map_tuple([elem] * len(v), v) if isinstance(v, tuple) else v
         subs = [_plan_for(a, lift_any, lift_struct, depth + 1) for a in args]
         if all(s is None for s in subs):
             return None
         fns = [s or (lambda x: x) for s in subs]
-        return lambda v: (
-            tuple(f(x) for f, x in zip(fns, v, strict=True))
-            if isinstance(v, tuple) and len(v) == len(fns)
-            else v
-        )
+        return lambda v: _map_tuple(fns, v) if isinstance(v, tuple) and len(v) == len(fns) else v
     return None
 
 

@@ -700,3 +700,40 @@ def test_numpy_only_user_never_imports_torch() -> None:
 def test_module_level_helpers() -> None:
     assert ringwire.decode(ringwire.encode((1, 2))) == (1, 2)
     assert ringwire.decode(ringwire.encode([1, 2]), type=tuple[int, int]) == (1, 2)
+
+
+def test_untyped_positions_inside_typed_tuples_keep_tuples() -> None:
+    class T(Record):
+        pair: tuple[int, object] = (0, None)
+        many: tuple[object, ...] = ()
+        nested: list[dict[str, object]] = []
+
+    v = T(pair=(1, (2, 3)), many=((1,), (2,)), nested=[{"k": (4, 5)}])
+    back = Decoder(T).decode(enc.encode(v))
+    assert back == v
+    assert type(back.pair[1]) is tuple and type(back.many[0]) is tuple
+    assert type(back.nested[0]["k"]) is tuple
+
+
+def test_lift_pass_does_not_copy_records_without_tuples() -> None:
+    """A record with nothing to lift is encoded as is (no per-send copy of it)."""
+    calls = []
+
+    class T(Record):
+        a: int
+        b: dict[str, object] = {}
+
+    orig = msgspec.structs.replace
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return orig(*args, **kw)
+
+    msgspec.structs.replace = spy
+    try:
+        enc.encode(T(a=1, b={"x": 1, "y": [1, 2]}))
+        assert calls == []
+        enc.encode(T(a=1, b={"x": (1, 2)}))
+        assert calls == [1]
+    finally:
+        msgspec.structs.replace = orig
