@@ -56,6 +56,7 @@ side; :meth:`_ChannelBase._make_codec` is the one place where the Encoder (with 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import math
@@ -1428,31 +1429,48 @@ class Listener:
         if self._sock is not None or self._closed:
             raise RuntimeError("a Listener can be entered once")
         self._sock = bind_unix_socket(self.path, self._backlog)
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        self._tg = tg
-        tg.start_soon(self._accept_loop)
+        self._cm = self._running()
+        try:
+            await self._cm.__aenter__()
+        except BaseException:
+            await self.aclose()
+            raise
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
-        await self.aclose()
-        return None
+        return await self._cm.__aexit__(*exc)
+
+    @contextlib.asynccontextmanager
+    async def _running(self) -> AsyncIterator[None]:
+        # The background task group lives in a generator-based context manager, so it
+        # is entered and exited by the task that entered the listener, in order,
+        # whatever is being cancelled (trio and anyio require exactly that).
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._accept_loop)
+            try:
+                yield
+            finally:
+                await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop accepting, close every connection, remove the socket file."""
+        """Stop accepting, close every connection, remove the socket file.
+
+        May be called from any task; cleanup is shielded from cancellation, so a
+        cancelled server still leaves no socket file and no open connection behind.
+        """
         if self._closed:
             return
         self._closed = True
         self._notify()
-        tg, self._tg = self._tg, None
-        for conn in list(self._conns):
-            await conn.aclose()
+        with anyio.CancelScope(shield=True):
+            for conn in list(self._conns):
+                await conn.aclose()
         self._conns.clear()
         if self._sock is not None:
             anyio.notify_closing(self._sock)
-        if tg is not None:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
         if self._sock is not None:
             self._sock.close()
             try:

@@ -533,6 +533,29 @@ async def test_listener_request_response_and_cleanup(tmp_path):
 
 
 @pytest.mark.anyio
+async def test_cancelled_server_task_cleans_up(tmp_path):
+    """A server whose task is cancelled mid-receive (the usual way a server stops)
+    exits its listener cleanly: no cancel-scope error, no socket file, no segment."""
+    path = tmp_path / "c.sock"
+
+    async def server() -> None:
+        async with listen(path) as lst:
+            async for conn, rec in lst:
+                await conn.send({"echo": rec})
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server)
+        with anyio.fail_after(5):
+            while not path.exists():
+                await anyio.sleep(0.01)
+        async with await connect(path) as c:
+            await c.send(1)
+            assert await c.receive() == {"echo": 1}
+            tg.cancel_scope.cancel()
+    assert not path.exists()
+
+
+@pytest.mark.anyio
 async def test_fan_in_is_fair_and_fifo(tmp_path):
     path = tmp_path / "f.sock"
     async with listen(path) as lst:
