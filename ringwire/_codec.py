@@ -168,13 +168,18 @@ class Encoder:
         self._user_hook = enc_hook
         self._msg = msgspec.msgpack.Encoder(enc_hook=self._hook)
         self._plans: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+        # types the lift pass returns unchanged: the universal ones, plus every Struct
+        # class found to have no untyped position (so encoding it costs one set lookup)
+        self._atomic: set[type] = set(_ATOMIC)
 
     # -- public API -----------------------------------------------------------------
 
     def encode(self, obj: Any) -> bytes:
         """Return ``obj`` as msgpack bytes."""
         try:
-            return self._msg.encode(self._lift_any(obj))
+            if type(obj) not in self._atomic:
+                obj = self._lift_any(obj)
+            return self._msg.encode(obj)
         except EncodeError:
             raise
         except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
@@ -184,7 +189,9 @@ class Encoder:
         """Encode ``obj`` into ``buffer`` at ``offset`` (msgspec semantics: the
         buffer is resized to end exactly after the message; ``offset=-1`` appends)."""
         try:
-            self._msg.encode_into(self._lift_any(obj), buffer, offset)
+            if type(obj) not in self._atomic:
+                obj = self._lift_any(obj)
+            self._msg.encode_into(obj, buffer, offset)
         except EncodeError:
             raise
         except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
@@ -229,7 +236,7 @@ class Encoder:
 
     def _lift_any(self, v: Any) -> Any:
         t = type(v)
-        if t in _ATOMIC:
+        if t in self._atomic:
             return v
         if t is list:
             return _map_list(self._lift_any, v)
@@ -254,15 +261,19 @@ class Encoder:
         plan = self._plans.get(cls)
         if plan is None:
             plan = self._plans[cls] = _struct_plan(cls, self._lift_any, self._lift_struct)
+            if not plan:
+                self._atomic.add(cls)
         if not plan:
             return v
-        changes = {}
+        changes = None
         for name, lift in plan:
             old = getattr(v, name)
             new = lift(old)
             if new is not old:
+                if changes is None:
+                    changes = {}
                 changes[name] = new
-        if not changes:
+        if changes is None:
             return v
         return msgspec.structs.replace(v, **changes)
 
@@ -349,12 +360,12 @@ def _plan_for(
         item = _plan_for(args[0], lift_any, lift_struct, depth + 1) if args else lift_any
         if item is None:
             return None
-        return lambda v: _map_list(item, v) if type(v) is list else v
+        return lambda v: _map_list(item, v) if v and type(v) is list else v
     if origin is dict:
         value = _plan_for(args[1], lift_any, lift_struct, depth + 1) if args else lift_any
         if value is None:
             return None
-        return lambda v: _map_dict(value, v) if type(v) is dict else v
+        return lambda v: _map_dict(value, v) if v and type(v) is dict else v
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             elem = _plan_for(args[0], lift_any, lift_struct, depth + 1)
