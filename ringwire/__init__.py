@@ -15,8 +15,10 @@ from ._channel import (
     Listener,
     ListenerStatistics,
     PairEnd,
+    Receipt,
     SyncChannel,
     SyncListener,
+    SyncReceipt,
     connect,
     connect_sync,
     listen,
@@ -31,11 +33,22 @@ from ._record import Record
 from ._ringlayout import FrameTooLarge, RingCorrupted
 from ._segment import SegmentError, SharedMemoryFull
 from ._segment import sweep as sweep_segments
+from ._slotlayout import SlotClass
+from ._slots import (
+    DEFAULT_SLOTS,
+    SlotConfig,
+    SlotMisuse,
+    SlotsExhausted,
+    borrow,
+    copy_out,
+    release,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_CAPACITY",
+    "DEFAULT_SLOTS",
     "DEFAULT_SPIN_US",
     "BrokenResourceError",
     "Channel",
@@ -55,21 +68,30 @@ __all__ = [
     "PairEnd",
     "PeerCredentialsError",
     "ProtocolError",
+    "Receipt",
     "Record",
     "RingCorrupted",
     "RingwireError",
     "SegmentError",
     "SharedMemoryFull",
+    "SlotClass",
+    "SlotConfig",
+    "SlotMisuse",
     "SlotRef",
+    "SlotsExhausted",
     "SyncChannel",
     "SyncListener",
+    "SyncReceipt",
     "WouldBlock",
     "__version__",
+    "borrow",
     "connect",
     "connect_sync",
+    "copy_out",
     "decode",
     "encode",
     "listen",
     "pair",
+    "release",
     "sweep_segments",
 ]

@@ -46,11 +46,17 @@ our own close raises ``ClosedResourceError``.  A malformed frame or garbage on t
 control socket breaks only that connection (``BrokenResourceError`` whose cause is a
 :class:`RingCorrupted` / :class:`ProtocolError`).
 
-Hooks for tensor slots (next issue)
------------------------------------
-The handshake carries a protocol version and a list of segments with roles, for each
-side; :meth:`_ChannelBase._make_codec` is the one place where the Encoder (with its
-``placer``) and Decoders (with their ``resolver``) are built.
+Tensor slots
+------------
+Each side may own a send pool (:mod:`ringwire._slots`): the client announces its
+pool in ``Hello.segments`` (role ``"slots"``), the server in ``Welcome.segments``; each
+side attaches the other's, and every name is unlinked once both attached.
+:meth:`_ChannelBase._make_codec` is the one place where the Encoder (with the send
+pool's ``placer``) and Decoders (with the peer pool's ``resolver``) are built.  *Safe
+points* -- every send, receive and loan, and every doorbell wake-up -- push releases
+queued by finalizers and process the peer's releases; end of file on the control
+socket reclaims every slot the peer held.  A slot waiter parks on its pool's release
+lane exactly as a sender parks on a full ring.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ import time
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -113,11 +119,28 @@ from ._ringlayout import (
     validate_capacity,
 )
 from ._segment import Segment, SegmentError, name_pid, pid_alive, sweep, unlink_segment
+from ._slotlayout import PoolLayout, SlotRefused
+from ._slots import (
+    DEFAULT_SLOTS,
+    Placed,
+    RecvPool,
+    SendPool,
+    SlotConfig,
+    SlotsExhausted,
+    _NeedSlot,
+    attach_pool,
+    check_policy,
+    create_pool,
+    loan_spec,
+    resolve_config,
+)
 
 __all__ = [
     "DEFAULT_CAPACITY",
     "DEFAULT_SPIN_US",
     "Channel",
+    "Receipt",
+    "SyncReceipt",
     "ChannelStatistics",
     "Listener",
     "ListenerStatistics",
@@ -144,6 +167,7 @@ _UNSET: Any = object()
 _YIELD_EVERY = 32  # async fast paths yield to the event loop at least this often
 _MIN_SPIN_NS = 2_000  # the adaptive spin budget never drops below this
 _SPIN_YIELD_NS = 20_000  # a spinning endpoint calls sched_yield() this often
+_LOAN_TICK = 0.05  # a sender waiting for a slot re-checks this often while loans are out
 
 
 @dataclass(frozen=True)
@@ -162,6 +186,18 @@ class ChannelStatistics:
     receive_parks: int
     doorbells_sent: int
     doorbells_received: int
+    # the send pool (tensor slots this side lends to the peer); zeros without one
+    slots_in_use: int = 0
+    slots_free: dict[int, int] = field(default_factory=dict)  # slot size -> free slots
+    slot_bytes_in_use: int = 0
+    releases_received: int = 0
+    loans_outstanding: int = 0
+    inline_fallbacks: int = 0
+    slots_reclaimed: int = 0
+    # the receive side (slots the peer lent us)
+    slot_arrays_received: int = 0
+    slot_arrays_held: int = 0
+    releases_pending: int = 0
 
 
 @dataclass(frozen=True)
@@ -189,12 +225,22 @@ class _Established:
     rx: tuple[int, int]
     peer_pid: int
     version: int
+    own_pool: tuple[Segment, PoolLayout, SlotConfig] | None = None  # the pool we send from
+    peer_pool: tuple[Segment, PoolLayout] | None = None  # the peer's send pool
+
+
+@dataclass
+class _HandshakeResult:
+    segments: list[Segment]
+    tx: tuple[int, int]
+    rx: tuple[int, int]
+    peer_pid: int
+    own_pool: tuple[Segment, PoolLayout, SlotConfig] | None
+    peer_pool: tuple[Segment, PoolLayout] | None
 
 
 _Step = tuple[str, bytes | None]
-_HandshakeGen = Generator[
-    _Step, bytes | None, tuple[list[Segment], tuple[int, int], tuple[int, int], int]
-]
+_HandshakeGen = Generator[_Step, bytes | None, _HandshakeResult]
 
 
 def _recv_message(hs: Handshake) -> Generator[_Step, bytes | None, Any]:
@@ -206,17 +252,46 @@ def _recv_message(hs: Handshake) -> Generator[_Step, bytes | None, Any]:
         hs.receive_data(data or b"")
 
 
-def _client_handshake(capacity: int) -> _HandshakeGen:
+def _attach_peer_pool(specs: Sequence[SegmentSpec]) -> tuple[Segment, PoolLayout] | None:
+    """Attach and check the peer's send pool (the one segment of role "slots")."""
+    pools = [spec for spec in specs if spec.role == "slots"]
+    if not pools:
+        return None
+    if len(pools) > 1:
+        raise HandshakeError("the peer announced more than one slot pool")
+    spec = pools[0]
+    if not 0 < spec.size <= 1 << 40:
+        raise HandshakeError(f"bad slot pool size {spec.size!r}")
+    try:
+        seg = Segment.attach(spec.name, spec.size)
+    except SegmentError as exc:
+        raise HandshakeError(f"cannot attach the peer's slot pool: {exc}") from None
+    try:
+        layout = attach_pool(seg)
+    except RingwireError as exc:
+        seg.close()
+        raise HandshakeError(f"the peer's slot pool is malformed: {exc}") from None
+    return seg, layout
+
+
+def _client_handshake(capacity: int, slots: SlotConfig | None = None) -> _HandshakeGen:
     lane = ring_size(capacity)
     seg = Segment.create(2 * lane)
+    own: tuple[Segment, PoolLayout, SlotConfig] | None = None
+    peer: tuple[Segment, PoolLayout] | None = None
     try:
         init_ring(seg.buf, 0, capacity)
         init_ring(seg.buf, lane, capacity)
+        specs = [SegmentSpec(seg.name, seg.size, "rings")]
+        if slots is not None:
+            pseg, layout = create_pool(slots)
+            own = (pseg, layout, slots)
+            specs.append(SegmentSpec(pseg.name, pseg.size, "slots"))
         hs = Handshake("client")
         hello = Hello(
             versions=list(SUPPORTED_VERSIONS),
             pid=os.getpid(),
-            segments=[SegmentSpec(seg.name, seg.size, "rings")],
+            segments=specs,
             c2s=RingSpec(0, 0, capacity),
             s2c=RingSpec(0, lane, capacity),
         )
@@ -225,18 +300,26 @@ def _client_handshake(capacity: int) -> _HandshakeGen:
         assert isinstance(welcome, Welcome)
         if welcome.version not in SUPPORTED_VERSIONS:
             raise HandshakeError(f"the listener chose unsupported version {welcome.version}")
-        if welcome.segments:
-            raise HandshakeError("the listener announced segments this version does not use")
-        seg.unlink()  # the server has attached: the name can go
+        seg.unlink()  # the server has attached: the names can go
+        if own is not None:
+            own[0].unlink()
+        peer = _attach_peer_pool(welcome.segments)  # other roles: not ours to use
         yield ("send", hs.send(Ready()))
-        return [seg], (0, 0), (0, lane), welcome.pid
+        return _HandshakeResult([seg], (0, 0), (0, lane), welcome.pid, own, peer)
     except BaseException:
         seg.unlink()
         seg.close()
+        if own is not None:
+            own[0].unlink()
+            own[0].close()
+        if peer is not None:
+            peer[0].close()  # the server unlinks its own names
         raise
 
 
-def _server_handshake(cred_pid: int, max_capacity: int) -> _HandshakeGen:
+def _server_handshake(
+    cred_pid: int, max_capacity: int, slots: SlotConfig | None = None
+) -> _HandshakeGen:
     """The accepting side.  ``cred_pid`` is the peer's pid from SO_PEERCRED (for a
     socketpair, the pid of the process that made the pair)."""
     hs = Handshake("server")
@@ -249,31 +332,56 @@ def _server_handshake(cred_pid: int, max_capacity: int) -> _HandshakeGen:
         raise
     assert isinstance(hello, Hello)
     attached: list[Segment] = []
+    own: tuple[Segment, PoolLayout, SlotConfig] | None = None
+    peer: tuple[Segment, PoolLayout] | None = None
     ok = False
     try:
         try:
             version = choose_version(hello.versions)
             validate_hello(hello, max_capacity=max_capacity)
+            pools = [i for i, spec in enumerate(hello.segments) if spec.role == "slots"]
+            if len(pools) > 1:
+                raise HandshakeError("the client announced more than one slot pool")
+            if pools and pools[0] in (hello.c2s.segment, hello.s2c.segment):
+                raise HandshakeError("a ring lies in the slot pool segment")
             for spec in hello.segments:
                 attached.append(Segment.attach(spec.name, spec.size))
             for ring in (hello.c2s, hello.s2c):
                 check_ring(attached[ring.segment].buf, ring.offset, ring.capacity)
+            if pools:
+                try:
+                    peer = (attached[pools[0]], attach_pool(attached[pools[0]]))
+                except RingwireError as exc:
+                    raise HandshakeError(f"malformed slot pool: {exc}") from None
+            if slots is not None:
+                pseg, layout = create_pool(slots)
+                own = (pseg, layout, slots)
         except (HandshakeError, SegmentError, RingCorrupted) as exc:
             yield ("send_best_effort", hs.send(Reject(str(exc))))
             raise HandshakeError(f"client pid {hello.pid}: {exc}") from None
-        yield ("send", hs.send(Welcome(version=version, pid=os.getpid())))
-        yield from _recv_message(hs)  # Ready
+        specs = [] if own is None else [SegmentSpec(own[0].name, own[0].size, "slots")]
+        yield ("send", hs.send(Welcome(version=version, pid=os.getpid(), segments=specs)))
+        yield from _recv_message(hs)  # Ready: the client attached our pool
+        if own is not None:
+            own[0].unlink()
         ok = True
-        return (
-            attached,
-            (hello.s2c.segment, hello.s2c.offset),
-            (hello.c2s.segment, hello.c2s.offset),
+        rings = [seg for i, seg in enumerate(attached) if not (peer and seg is peer[0])]
+        index = {id(seg): i for i, seg in enumerate(rings)}
+        return _HandshakeResult(
+            rings,
+            (index[id(attached[hello.s2c.segment])], hello.s2c.offset),
+            (index[id(attached[hello.c2s.segment])], hello.c2s.offset),
             hello.pid,
+            own,
+            peer,
         )
     finally:
         if not ok:
             for seg in attached:
                 seg.close()
+            if own is not None:
+                own[0].unlink()
+                own[0].close()
             # a client that died mid-handshake cannot unlink its names any more
             for spec in hello.segments:
                 try:
@@ -284,8 +392,10 @@ def _server_handshake(cred_pid: int, max_capacity: int) -> _HandshakeGen:
 
 
 def _finish(gen: _HandshakeGen, stop: StopIteration, sock: socket.socket) -> _Established:
-    segments, tx, rx, pid = stop.value
-    return _Established(sock, segments, tx, rx, pid, PROTOCOL_VERSION)
+    r: _HandshakeResult = stop.value
+    return _Established(
+        sock, r.segments, r.tx, r.rx, r.peer_pid, PROTOCOL_VERSION, r.own_pool, r.peer_pool
+    )
 
 
 async def _send_all_async(sock: socket.socket, data: bytes) -> None:
@@ -414,6 +524,18 @@ class _ChannelBase:
         self._rx_parked = self._tx_parked = 0
         self._aio_waiters: list[asyncio.Future[None]] = []
         self._type = type
+        self._pool: SendPool | None = None
+        self._peer: RecvPool | None = None
+        if est.own_pool is not None:
+            seg, layout, config = est.own_pool
+            self._pool = SendPool(seg, layout, config, self._tx.max_payload - 1024)
+        if est.peer_pool is not None:
+            seg, layout = est.peer_pool
+            copy = self._pool.config.copy_out if self._pool is not None else False
+            self._peer = RecvPool(seg, layout, est.sock, copy)
+        self._slots_on = self._pool is not None or self._peer is not None
+        self._slot_waits = 0
+        self._undecodable: tuple[bytes, list[tuple[int, int]], str] | None = None
         self._make_codec()
         # counters
         self._n_sent = self._n_recv = self._b_sent = self._b_recv = 0
@@ -421,11 +543,12 @@ class _ChannelBase:
         self._bells_sent = self._bells_recv = 0
         self._fast_ops = 0
 
-    # -- the one place where codecs are made (slot pools will add placer / resolver) --------
+    # -- the one place where codecs are made: the send pool's placer, the peer pool's resolver
 
     def _make_codec(self) -> None:
-        self._enc = Encoder()
-        self._dec = Decoder(self._type)
+        self._enc = Encoder(placer=self._pool.place if self._pool is not None else None)
+        self._resolver = self._peer.resolve if self._peer is not None else _no_pool
+        self._dec = Decoder(self._type, resolver=self._resolver)
         self._decoders: dict[Any, Decoder] = {self._type: self._dec}
 
     def _decoder_for(self, tp: Any) -> Decoder:
@@ -433,8 +556,116 @@ class _ChannelBase:
             return self._dec
         dec = self._decoders.get(tp)
         if dec is None:
-            dec = self._decoders[tp] = Decoder(tp)
+            dec = self._decoders[tp] = Decoder(tp, resolver=self._resolver)
         return dec
+
+    # -- slots: safe points, encoding with placement -----------------------------------------
+
+    def _slot_safe_point(self) -> None:
+        """Push releases queued by finalizers; process the peer's releases (and our
+        dropped loans); reclaim the pool if the peer is gone.  Never blocks."""
+        peer = self._peer
+        if peer is not None and peer.queue._pending:
+            peer.queue.flush()
+        pool = self._pool
+        if pool is not None and not pool.gone:
+            if self._eof:
+                pool.reclaim()
+            elif pool.has_work():
+                self._poll_pool(pool)
+
+    def _poll_pool(self, pool: SendPool) -> None:
+        try:
+            ring_back = pool.poll()
+        except (SlotRefused, RingCorrupted) as exc:
+            self._break(exc)
+            return
+        if ring_back:
+            self._ring(DOORBELL_SPACE)
+
+    def _encode_placed(self, item: Any, policy: str | None) -> tuple[bytes, Placed]:
+        """Encode one record, placing its large arrays in slots.  Raises
+        :class:`_NeedSlot` (policy "wait", nothing held) when the pool is exhausted."""
+        pool = self._pool
+        assert pool is not None
+        if self._tx_blocked:
+            self._check_send()  # closed, broken or gone: nothing to place
+        pool.begin(policy)
+        try:
+            payload = self._enc.encode(item)
+            if len(payload) > self._tx.max_payload:
+                self._tx.check_size(len(payload))
+        except BaseException:
+            pool.abort(pool.end())
+            raise
+        return payload, pool.end()
+
+    def _slot_wait_ready(self, nbytes: int) -> bool:
+        """Should a sender waiting for a slot stop waiting?"""
+        pool = self._pool
+        assert pool is not None
+        if pool.has_work():
+            self._slot_safe_point()
+        return (
+            self._closed
+            or self._eof
+            or self._broken is not None
+            or self._tx.reader_closed
+            or pool.can_allocate(nbytes)
+        )
+
+    def _check_slot_wait(self, nbytes: int) -> bool:
+        """Before waiting for a slot: ``True`` if one is free now; raises if waiting
+        is pointless (the connection is gone, or no slot is in use at all)."""
+        self._check_send()
+        self._slot_safe_point()
+        pool = self._pool
+        assert pool is not None
+        if pool.can_allocate(nbytes):
+            return True
+        if pool.futile():
+            raise SlotsExhausted(f"no slot can hold {nbytes} bytes ({pool.config.describe()})")
+        return False
+
+    def _require_pool(self) -> SendPool:
+        if self._pool is None:
+            raise RingwireError("this endpoint has no slot pool (it was opened with slots=None)")
+        return self._pool
+
+    def _encode_batch(
+        self, items: Sequence[Any], start: int, policy: str | None
+    ) -> tuple[list[bytes], list[Placed], int | None]:
+        """Encode ``items[start:]`` until one needs a slot that is not free (policy
+        "wait"): the payloads so far, their slots, and the bytes that one needs."""
+        pool = self._pool
+        assert pool is not None
+        payloads: list[bytes] = []
+        placed: list[Placed] = []
+        try:
+            for k in range(start, len(items)):
+                try:
+                    payload, p = self._encode_placed(items[k], policy)
+                except _NeedSlot as need:
+                    return payloads, placed, need.nbytes
+                payloads.append(payload)
+                placed.append(p)
+        except BaseException:
+            for p in placed:
+                pool.abort(p)
+            raise
+        return payloads, placed, None
+
+    def _slot_deadline(self) -> float | None:
+        pool = self._pool
+        t = pool.config.wait_timeout if pool is not None else None
+        return None if t is None else time.monotonic() + t
+
+    def _slot_timeout(self, nbytes: int) -> SlotsExhausted:
+        assert self._pool is not None
+        return SlotsExhausted(
+            f"no slot for {nbytes} bytes was released within {self._pool.config.wait_timeout} s "
+            f"(pool: {self._pool.config.describe()})"
+        )
 
     # -- small helpers ----------------------------------------------------------------------
 
@@ -471,7 +702,23 @@ class _ChannelBase:
             receive_parks=self._recv_parks,
             doorbells_sent=self._bells_sent,
             doorbells_received=self._bells_recv,
+            **self._slot_statistics(),
         )
+
+    def _slot_statistics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        pool = self._pool
+        if pool is not None:
+            if not self._closed:
+                self._slot_safe_point()
+            out.update(pool.statistics())
+            out["slots_reclaimed"] = pool.reclaimed
+        peer = self._peer
+        if peer is not None:
+            out["slot_arrays_received"] = peer.received
+            out["slot_arrays_held"] = len(peer.held)
+            out["releases_pending"] = len(peer.queue)
+        return out
 
     def _ring(self, byte: bytes) -> None:
         try:
@@ -508,6 +755,8 @@ class _ChannelBase:
             if len(data) < 512:
                 break
         self._wake_gen += 1
+        if self._slots_on:
+            self._slot_safe_point()
 
     def _break(self, exc: BaseException) -> None:
         """A protocol violation: this connection is unusable; tell the peer (EOF)."""
@@ -515,6 +764,8 @@ class _ChannelBase:
             self._broken = exc
             self._tx_blocked = True
             logger.warning("ringwire connection to pid %s broken: %s", self.peer_pid, exc)
+            if self._pool is not None:
+                self._pool.reclaim()  # nothing is sent on this connection any more
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -591,6 +842,8 @@ class _ChannelBase:
         """One record, or ``_EMPTY``.  Raises on our close / a broken connection."""
         if self._closed or self._broken is not None:
             self._raise_state()
+        if self._slots_on:
+            self._slot_safe_point()
         rx = self._rx
         try:
             view = rx.next_frame()
@@ -600,7 +853,10 @@ class _ChannelBase:
         if view is None:
             return _EMPTY
         try:
-            obj = dec.decode(view)
+            if self._peer is None:
+                obj = dec.decode(view)
+            else:
+                obj = self._decode_slots(dec, view)
             self._n_recv += 1
             self._b_recv += view.nbytes
         finally:
@@ -610,13 +866,67 @@ class _ChannelBase:
                 self._ring(DOORBELL_SPACE)
         return obj
 
+    # A record that fails to decode has already released the slots it resolved (their
+    # arrays died with the failed decode), so it must never be decoded again: when
+    # receive_many stops a batch before it (leaving it unread), the failure is kept and
+    # the next read of that frame raises it without decoding.  The references the
+    # decode did not reach are released when the frame is consumed (RecvPool.salvage).
+
+    def _decode_slots(self, dec: Decoder, view: memoryview) -> Any:
+        peer = self._peer
+        assert peer is not None
+        failed = self._undecodable
+        if failed is not None:
+            self._undecodable = None
+            peer.salvage(failed[0], failed[1])
+            raise DecodeError(failed[2])
+        resolved: list[tuple[int, int]] = []
+        peer.resolved = resolved
+        try:
+            return dec.decode(view)
+        except DecodeError:
+            peer.salvage(view, resolved)
+            raise
+        finally:
+            peer.resolved = None
+
     def _try_receive_many(self, dec: Decoder, max_n: int) -> list[Any]:
         if self._closed or self._broken is not None:
             self._raise_state()
+        if self._slots_on:
+            self._slot_safe_point()
         rx = self._rx
         out: list[Any] = []
+        # (payload, resolved refs, error message) of an undecodable frame; no exception
+        # objects here: their tracebacks' frames would hold this batch's records
+        failures: list[tuple[bytes, list[tuple[int, int]], str]] = []
+        decode: Any = dec.decode
+        peer = self._peer
+        if peer is not None:
+
+            def decode_slots(view: memoryview) -> Any:
+                failed = self._undecodable
+                if failed is not None:  # the first frame of this batch (see above)
+                    self._undecodable = None
+                    failures.append(failed)
+                    raise DecodeError(failed[2])
+                resolved: list[tuple[int, int]] = []
+                peer.resolved = resolved
+                try:
+                    return dec.decode(view)
+                except DecodeError as exc:
+                    failures.append((bytes(view), resolved, str(exc)))
+                    raise
+                finally:
+                    peer.resolved = None
+
+            decode = decode_slots
         try:
-            nbytes = rx.read_many(dec.decode, max_n, out)
+            nbytes = rx.read_many(decode, max_n, out)
+        except DecodeError:
+            if peer is not None and failures:  # the frame was consumed
+                peer.salvage(failures[-1][0], failures[-1][1])
+            raise
         except RingCorrupted as exc:
             self._break(exc)
             raise BrokenResourceError(f"connection broken: {exc}") from exc
@@ -625,6 +935,8 @@ class _ChannelBase:
                 rx.commit()
                 if rx.writer_needs_doorbell():
                     self._ring(DOORBELL_SPACE)
+        if failures:  # the batch ended before an undecodable frame, left unread
+            self._undecodable = failures[-1]
         self._n_recv += len(out)
         self._b_recv += nbytes
         return out
@@ -725,7 +1037,10 @@ class _ChannelBase:
             pass
         return True
 
-    def _release(self) -> None:
+    def _release(self, blocking: bool = True) -> None:
+        # the release queue first: no finalizer touches the lane after this (``__del__``
+        # may run inside a flush of this very thread: it does not wait, see _release.py)
+        held = self._peer.close(blocking) if self._peer is not None else 0
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -736,6 +1051,18 @@ class _ChannelBase:
         for seg in self._segments:
             seg.unlink()
             seg.close()
+        if self._pool is not None:
+            self._pool.close()
+        if self._peer is not None:
+            self._peer.unmap()  # stays mapped while received arrays are alive
+        if held and blocking:
+            warnings.warn(
+                f"{self!r} closed while {held} received slot array(s) are alive: their "
+                "memory stays mapped until they die, but the peer will reuse the slots; "
+                "release them first, or keep ringwire.copy_out() copies",
+                ResourceWarning,
+                stacklevel=3,
+            )
 
     def __del__(self) -> None:
         if getattr(self, "_closed", True):
@@ -746,9 +1073,72 @@ class _ChannelBase:
             f"unclosed ringwire endpoint {self!r}", ResourceWarning, source=self, stacklevel=1
         )
         try:
-            self._release()
+            self._release(blocking=False)
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+class _ReceiptBase:
+    __slots__ = ("_chan", "_pairs")
+
+    def __init__(self, chan: _ChannelBase, pairs: Sequence[tuple[int, int]]) -> None:
+        self._chan = chan
+        self._pairs = tuple(pairs)
+
+    def __repr__(self) -> str:
+        state = "consumed" if self.consumed else "in flight"
+        return f"<{type(self).__name__} {len(self._pairs)} slot(s) {state}>"
+
+    @property
+    def slots(self) -> int:
+        """How many slots the record used."""
+        return len(self._pairs)
+
+    @property
+    def consumed(self) -> bool:
+        """Has the peer released every slot of the record?  (Also ``True`` once the
+        connection is gone: its slots came back to the pool then.)"""
+        if not self._pairs:
+            return True
+        chan = self._chan
+        pool = chan._pool
+        assert pool is not None
+        if not chan._closed:
+            chan._slot_safe_point()
+        return pool.consumed(self._pairs)
+
+
+class Receipt(_ReceiptBase):
+    """What :meth:`Channel.send_tracked` returns: ``await receipt.wait()`` until the
+    peer has consumed (released every slot of) the record."""
+
+    __slots__ = ()
+
+    async def wait(self) -> None:
+        if self._pairs:
+            chan = self._chan
+            assert isinstance(chan, Channel)
+            await chan._wait_consumed(self._pairs)
+
+
+class SyncReceipt(_ReceiptBase):
+    """What :meth:`SyncChannel.send_tracked` returns: ``receipt.wait(timeout)``."""
+
+    __slots__ = ()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until consumed; ``TimeoutError`` after ``timeout`` seconds."""
+        if self._pairs:
+            chan = self._chan
+            assert isinstance(chan, SyncChannel)
+            chan._wait_consumed(self._pairs, SyncChannel._deadline(timeout))
+
+
+def _no_pool(ref: Any) -> Any:
+    raise DecodeError(
+        f"a slot reference to pool {getattr(ref, 'pool', 0):#x}, but the peer lends this "
+        "connection no slot pool"
+    )
 
 
 class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
@@ -867,8 +1257,15 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
 
     # -- send -------------------------------------------------------------------------------
 
-    async def send(self, item: Any) -> None:
-        """Send one record; waits (spin, then park) while the ring is full."""
+    async def send(self, item: Any, *, slot_policy: str | None = None) -> None:
+        """Send one record; waits (spin, then park) while the ring is full.
+
+        Large arrays and tensors travel in tensor slots (see :class:`SlotConfig`);
+        ``slot_policy`` overrides the channel's policy for this record.
+        """
+        if self._pool is not None:
+            await self._send_placed(item, slot_policy)
+            return
         payload = self._enc.encode(item)
         if len(payload) > self._tx.max_payload:
             self._tx.check_size(len(payload))
@@ -894,31 +1291,184 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
             finally:
                 self._unpark_tx()
 
-    def send_nowait(self, item: Any) -> None:
-        """Send one record or raise :class:`anyio.WouldBlock` if the ring is full."""
-        if not self._try_send(self._encode(item)):
+    async def send_tracked(self, item: Any, *, slot_policy: str | None = None) -> Receipt:
+        """Send one record; return a :class:`Receipt` that completes once the peer has
+        released every slot the record used (at once if it used none)."""
+        if self._pool is None:
+            await self.send(item)
+            return Receipt(self, ())
+        placed = await self._send_placed(item, slot_policy)
+        return Receipt(self, [(slot, gen) for slot, gen, _ in placed])
+
+    async def _send_placed(self, item: Any, policy: str | None) -> Placed:
+        pool = self._pool
+        assert pool is not None
+        self._slot_safe_point()
+        deadline: float | None = _UNSET
+        while True:
+            try:
+                payload, placed = self._encode_placed(item, policy)
+                break
+            except _NeedSlot as need:
+                if deadline is _UNSET:
+                    deadline = self._slot_deadline()
+                await self._wait_slot(need.nbytes, deadline)
+        published = False
+        try:
+            if not self._try_send(payload):
+                await self._send_slow(payload)
+            published = True
+        finally:
+            if not published:
+                pool.abort(placed)
+        await self._maybe_yield()
+        return placed
+
+    async def _wait_slot(self, nbytes: int, deadline: float | None) -> None:
+        """Wait until a slot for ``nbytes`` is free (policy "wait")."""
+        pool = self._pool
+        assert pool is not None
+        while not self._check_slot_wait(nbytes):
+            if self._spin(self._slot_wait_ready, nbytes):
+                continue
+            limit = math.inf
+            if deadline is not None:
+                limit = deadline - time.monotonic()
+                if limit <= 0:
+                    raise self._slot_timeout(nbytes)
+            if pool._loans:
+                limit = min(limit, _LOAN_TICK)  # a dropped loan rings no doorbell
+            gen = self._wake_gen
+            pool.park()
+            try:
+                if self._slot_wait_ready(nbytes):
+                    continue
+                self._slot_waits += 1
+                if limit == math.inf:
+                    await self._wait_wake(gen)
+                else:
+                    with anyio.move_on_after(limit):
+                        await self._wait_wake(gen)
+            finally:
+                pool.unpark()
+
+    async def _wait_consumed(self, pairs: Sequence[tuple[int, int]]) -> None:
+        pool = self._pool
+        assert pool is not None
+        while True:
+            if not self._closed:
+                self._slot_safe_point()
+            if pool.consumed(pairs):
+                return
+            gen = self._wake_gen
+            pool.park()
+            try:
+                if pool.has_work():
+                    continue
+                await self._wait_wake(gen)
+            finally:
+                pool.unpark()
+
+    async def loan(
+        self, shape: Sequence[int], dtype: Any, *, slot_policy: str | None = None
+    ) -> Any:
+        """A writable numpy array (``dtype`` a numpy dtype) or torch tensor (``dtype`` a
+        ``torch.dtype``) of ``shape`` that lives inside a free slot: fill it in place
+        and send it -- nothing is copied.  Send it once; do not touch it after.  A loan
+        dropped without being sent returns its slot.
+
+        When no slot is free the policy applies (``"inline"`` returns an ordinary
+        private array instead)."""
+        pool = self._require_pool()
+        spec = loan_spec(shape, dtype)
+        policy = check_policy(slot_policy) or pool.config.policy
+        deadline: float | None = _UNSET
+        while True:
+            self._check_send()
+            self._slot_safe_point()
+            arr = pool.loan(*spec)
+            if arr is not None:
+                return arr
+            if policy == "inline":
+                return pool.loan_fallback(*spec)
+            if policy == "error" or pool.futile():
+                raise SlotsExhausted(
+                    f"no free slot for a {spec[-1]}-byte loan (pool: {pool.config.describe()})"
+                )
+            if deadline is _UNSET:
+                deadline = self._slot_deadline()
+            await self._wait_slot(spec[-1], deadline)
+
+    def send_nowait(self, item: Any, *, slot_policy: str | None = None) -> None:
+        """Send one record or raise :class:`anyio.WouldBlock` if the ring is full (or,
+        policy "wait", no slot is free)."""
+        if self._pool is None:
+            if not self._try_send(self._encode(item)):
+                raise WouldBlock
+            return
+        self._slot_safe_point()
+        try:
+            payload, placed = self._encode_placed(item, slot_policy)
+        except _NeedSlot:
+            raise WouldBlock from None
+        ok = False
+        try:
+            ok = self._try_send(payload)
+        finally:
+            if not ok:
+                self._pool.abort(placed)
+        if not ok:
             raise WouldBlock
 
-    async def send_many(self, items: Iterable[Any]) -> None:
+    async def send_many(self, items: Iterable[Any], *, slot_policy: str | None = None) -> None:
         """Send several records, publishing as many as fit at once.
 
-        Every record is encoded (and size-checked) before the first is sent.  If
-        cancelled while waiting for room, a prefix of the records has been sent.
+        Every record is encoded (and size-checked) before the first is sent -- except
+        that a record waiting for a slot (policy "wait") first lets the records before
+        it go.  If cancelled while waiting for room, a prefix of the records has been
+        sent.
         """
+        if self._pool is not None:
+            await self._send_many_placed(list(items), slot_policy)
+            return
         payloads = self._encode_many(items)
-        i = self._try_send_many(payloads, 0)
-        while i < len(payloads):
-            size = len(payloads[i])
-            if not self._spin(self._send_ready, size):
-                gen = self._wake_gen
-                self._park_tx()
-                try:
-                    if not self._send_ready(size):
-                        self._send_parks += 1
-                        await self._wait_wake(gen)
-                finally:
-                    self._unpark_tx()
-            i += self._try_send_many(payloads, i)
+        await self._publish_many(payloads, None)
+        await self._maybe_yield()
+
+    async def _publish_many(self, payloads: list[bytes], placed: list[Placed] | None) -> None:
+        i = 0
+        try:
+            i = self._try_send_many(payloads, 0)
+            while i < len(payloads):
+                size = len(payloads[i])
+                if not self._spin(self._send_ready, size):
+                    gen = self._wake_gen
+                    self._park_tx()
+                    try:
+                        if not self._send_ready(size):
+                            self._send_parks += 1
+                            await self._wait_wake(gen)
+                    finally:
+                        self._unpark_tx()
+                i += self._try_send_many(payloads, i)
+        finally:
+            if placed is not None and self._pool is not None:
+                for p in placed[i:]:
+                    self._pool.abort(p)
+
+    async def _send_many_placed(self, items: list[Any], policy: str | None) -> None:
+        self._slot_safe_point()
+        deadline: float | None = _UNSET
+        i = 0
+        while i < len(items):
+            payloads, placed, need = self._encode_batch(items, i, policy)
+            if payloads:
+                await self._publish_many(payloads, placed)
+                i += len(payloads)
+            if need is not None:
+                if deadline is _UNSET:
+                    deadline = self._slot_deadline()
+                await self._wait_slot(need, deadline)
         await self._maybe_yield()
 
     async def send_eof(self) -> None:
@@ -1141,8 +1691,19 @@ class SyncChannel(_ChannelBase):
 
     # -- send -------------------------------------------------------------------------------
 
-    def send(self, item: Any, timeout: float | None = None) -> None:
-        """Send one record, waiting up to ``timeout`` seconds for room in the ring."""
+    def send(
+        self, item: Any, timeout: float | None = None, *, slot_policy: str | None = None
+    ) -> None:
+        """Send one record, waiting up to ``timeout`` seconds for room in the ring (and,
+        policy "wait", for a free tensor slot)."""
+        if self._pool is not None:
+            deadline = self._deadline(timeout)
+            self._acquire(self._send_lock, deadline)
+            try:
+                self._send_placed(item, slot_policy, deadline)
+            finally:
+                self._send_lock.release()
+            return
         payload = self._encode(item)
         lock = self._send_lock
         deadline = None
@@ -1161,18 +1722,183 @@ class SyncChannel(_ChannelBase):
         finally:
             lock.release()
 
-    def send_nowait(self, item: Any) -> None:
-        payload = self._encode(item)
+    def send_tracked(
+        self, item: Any, timeout: float | None = None, *, slot_policy: str | None = None
+    ) -> SyncReceipt:
+        """:meth:`send`, returning a :class:`SyncReceipt` that completes once the peer
+        has released every slot the record used."""
+        if self._pool is None:
+            self.send(item, timeout)
+            return SyncReceipt(self, ())
+        deadline = self._deadline(timeout)
+        self._acquire(self._send_lock, deadline)
+        try:
+            placed = self._send_placed(item, slot_policy, deadline)
+        finally:
+            self._send_lock.release()
+        return SyncReceipt(self, [(slot, gen) for slot, gen, _ in placed])
+
+    def _send_placed(self, item: Any, policy: str | None, deadline: float | None) -> Placed:
+        pool = self._pool
+        assert pool is not None
+        self._slot_safe_point()
+        slot_deadline: float | None = _UNSET
+        while True:
+            try:
+                payload, placed = self._encode_placed(item, policy)
+                break
+            except _NeedSlot as need:
+                if slot_deadline is _UNSET:
+                    slot_deadline = self._slot_deadline()
+                self._wait_slot(need.nbytes, deadline, slot_deadline)
+        published = False
+        try:
+            size = len(payload)
+            while not self._try_send(payload):
+                if not self._spin(self._send_ready, size):
+                    self._park_and_wait(self._tx, self._send_ready, (size,), deadline)
+            published = True
+        finally:
+            if not published:
+                pool.abort(placed)
+        return placed
+
+    def _wait_slot(self, nbytes: int, deadline: float | None, slot_deadline: float | None) -> None:
+        pool = self._pool
+        assert pool is not None
+        while not self._check_slot_wait(nbytes):
+            if self._spin(self._slot_wait_ready, nbytes):
+                continue
+            now = time.monotonic()
+            if slot_deadline is not None and now >= slot_deadline:
+                raise self._slot_timeout(nbytes)
+            until = [d for d in (deadline, slot_deadline) if d is not None]
+            if pool._loans:
+                until.append(now + _LOAN_TICK)  # a dropped loan rings no doorbell
+            gen = self._wake_gen
+            pool.park()
+            try:
+                if self._slot_wait_ready(nbytes):
+                    continue
+                self._slot_waits += 1
+                try:
+                    self._wait_wake(gen, min(until) if until else None)
+                except TimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+            finally:
+                pool.unpark()
+
+    def _wait_consumed(self, pairs: Sequence[tuple[int, int]], deadline: float | None) -> None:
+        pool = self._pool
+        assert pool is not None
+        while True:
+            if not self._closed:
+                self._slot_safe_point()
+            if pool.consumed(pairs):
+                return
+            gen = self._wake_gen
+            pool.park()
+            try:
+                if pool.has_work():
+                    continue
+                self._wait_wake(gen, deadline)
+            finally:
+                pool.unpark()
+
+    def loan(
+        self,
+        shape: Sequence[int],
+        dtype: Any,
+        *,
+        timeout: float | None = None,
+        slot_policy: str | None = None,
+    ) -> Any:
+        """Blocking :meth:`Channel.loan` (waits up to ``timeout`` seconds for a slot)."""
+        pool = self._require_pool()
+        spec = loan_spec(shape, dtype)
+        policy = check_policy(slot_policy) or pool.config.policy
+        deadline = self._deadline(timeout)
+        slot_deadline: float | None = _UNSET
+        while True:
+            self._check_send()
+            self._slot_safe_point()
+            arr = pool.loan(*spec)
+            if arr is not None:
+                return arr
+            if policy == "inline":
+                return pool.loan_fallback(*spec)
+            if policy == "error" or pool.futile():
+                raise SlotsExhausted(
+                    f"no free slot for a {spec[-1]}-byte loan (pool: {pool.config.describe()})"
+                )
+            if slot_deadline is _UNSET:
+                slot_deadline = self._slot_deadline()
+            self._wait_slot(spec[-1], deadline, slot_deadline)
+
+    def send_nowait(self, item: Any, *, slot_policy: str | None = None) -> None:
+        if self._pool is None:
+            payload = self._encode(item)
+            with self._send_lock:
+                if not self._try_send(payload):
+                    raise WouldBlock
+            return
         with self._send_lock:
-            if not self._try_send(payload):
+            self._slot_safe_point()
+            try:
+                payload, placed = self._encode_placed(item, slot_policy)
+            except _NeedSlot:
+                raise WouldBlock from None
+            ok = False
+            try:
+                ok = self._try_send(payload)
+            finally:
+                if not ok:
+                    self._pool.abort(placed)
+            if not ok:
                 raise WouldBlock
 
-    def send_many(self, items: Iterable[Any], timeout: float | None = None) -> None:
+    def send_many(
+        self,
+        items: Iterable[Any],
+        timeout: float | None = None,
+        *,
+        slot_policy: str | None = None,
+    ) -> None:
         """Send several records, publishing as many as fit at once.  On timeout a
-        prefix of them has been sent."""
+        prefix of them has been sent.  (As :meth:`Channel.send_many` for slots.)"""
+        if self._pool is not None:
+            items = list(items)
+            deadline = self._deadline(timeout)
+            self._acquire(self._send_lock, deadline)
+            try:
+                self._slot_safe_point()
+                slot_deadline: float | None = _UNSET
+                i = 0
+                while i < len(items):
+                    payloads, placed, need = self._encode_batch(items, i, slot_policy)
+                    if payloads:
+                        self._publish_many(payloads, placed, deadline)
+                        i += len(payloads)
+                    if need is not None:
+                        if slot_deadline is _UNSET:
+                            slot_deadline = self._slot_deadline()
+                        self._wait_slot(need, deadline, slot_deadline)
+            finally:
+                self._send_lock.release()
+            return
         payloads = self._encode_many(items)
         deadline = self._deadline(timeout)
         self._acquire(self._send_lock, deadline)
+        try:
+            self._publish_many(payloads, None, deadline)
+        finally:
+            self._send_lock.release()
+
+    def _publish_many(
+        self, payloads: list[bytes], placed: list[Placed] | None, deadline: float | None
+    ) -> None:
+        i = 0
         try:
             i = self._try_send_many(payloads, 0)
             while i < len(payloads):
@@ -1181,7 +1907,9 @@ class SyncChannel(_ChannelBase):
                     self._park_and_wait(self._tx, self._send_ready, (size,), deadline)
                 i += self._try_send_many(payloads, i)
         finally:
-            self._send_lock.release()
+            if placed is not None and self._pool is not None:
+                for p in placed[i:]:
+                    self._pool.abort(p)
 
     def send_eof(self) -> None:
         with self._send_lock:
@@ -1298,14 +2026,18 @@ async def connect(
     type: Any = Any,
     spin_us: float = DEFAULT_SPIN_US,
     timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    slots: SlotConfig | None = DEFAULT_SLOTS,
 ) -> Channel:
     """Connect to the :class:`Listener` at ``path``; return the async endpoint.
 
-    ``capacity`` is the data capacity of each ring lane (a power of two).  Raises
-    :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the rings,
-    :class:`HandshakeError` if the listener refuses, ``TimeoutError`` after ``timeout``.
+    ``capacity`` is the data capacity of each ring lane (a power of two).  ``slots``
+    configures this side's tensor-slot send pool (``None``: no pool, every array
+    travels inline).  Raises :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the
+    rings or the pool, :class:`HandshakeError` if the listener refuses,
+    ``TimeoutError`` after ``timeout``.
     """
     validate_capacity(capacity)
+    slots = resolve_config(slots)
     sock = _client_socket(path)
     try:
         with anyio.fail_after(timeout):
@@ -1316,7 +2048,7 @@ async def connect(
                 except (BlockingIOError, InterruptedError):
                     await anyio.sleep(0.001)  # listener backlog full: retry
             check_peer(sock)
-            est = await _drive_async(_client_handshake(capacity), sock)
+            est = await _drive_async(_client_handshake(capacity, slots), sock)
     except BaseException:
         sock.close()
         raise
@@ -1330,9 +2062,11 @@ def connect_sync(
     type: Any = Any,
     spin_us: float = DEFAULT_SPIN_US,
     timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    slots: SlotConfig | None = DEFAULT_SLOTS,
 ) -> SyncChannel:
     """Blocking :func:`connect`: returns a :class:`SyncChannel`."""
     validate_capacity(capacity)
+    slots = resolve_config(slots)
     deadline = time.monotonic() + timeout
     sock = _client_socket(path)
     try:
@@ -1345,7 +2079,7 @@ def connect_sync(
                     raise TimeoutError(f"cannot connect to {path}: listener busy") from None
                 time.sleep(0.001)
         check_peer(sock)
-        est = _drive_sync(_client_handshake(capacity), sock, deadline)
+        est = _drive_sync(_client_handshake(capacity, slots), sock, deadline)
     except BaseException:
         sock.close()
         raise
@@ -1391,9 +2125,11 @@ class Listener:
         max_capacity: int = MAX_CAPACITY,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         backlog: int = 128,
+        slots: SlotConfig | None = DEFAULT_SLOTS,
     ) -> None:
         self.path = os.fspath(path)
         self._type = type
+        self._slots = resolve_config(slots)
         self._spin_us = spin_us
         self._spin_ns = int(max(0.0, float(spin_us)) * 1000)
         self._max_capacity = max_capacity
@@ -1510,7 +2246,9 @@ class Listener:
         try:
             with anyio.fail_after(self._handshake_timeout):
                 pid = check_peer(sock)
-                est = await _drive_async(_server_handshake(pid, self._max_capacity), sock)
+                est = await _drive_async(
+                    _server_handshake(pid, self._max_capacity, self._slots), sock
+                )
         except Exception as exc:
             sock.close()
             self._refused += 1
@@ -1683,9 +2421,11 @@ class SyncListener:
         max_capacity: int = MAX_CAPACITY,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         backlog: int = 128,
+        slots: SlotConfig | None = DEFAULT_SLOTS,
     ) -> None:
         self.path = os.fspath(path)
         self._type = type
+        self._slots = resolve_config(slots)
         self._spin_us = spin_us
         self._max_capacity = max_capacity
         self._handshake_timeout = handshake_timeout
@@ -1711,7 +2451,7 @@ class SyncListener:
                 pid = check_peer(conn_sock)
                 hs_deadline = time.monotonic() + self._handshake_timeout
                 est = _drive_sync(
-                    _server_handshake(pid, self._max_capacity), conn_sock, hs_deadline
+                    _server_handshake(pid, self._max_capacity, self._slots), conn_sock, hs_deadline
                 )
             except (RingwireError, OSError) as exc:
                 conn_sock.close()
@@ -1824,16 +2564,19 @@ class PairEnd:
         type: Any = Any,
         spin_us: float = DEFAULT_SPIN_US,
         timeout: float = DEFAULT_PAIR_TIMEOUT,
+        slots: SlotConfig | None = DEFAULT_SLOTS,
     ) -> Channel:
-        """Finish the connection (the other end must connect too); the async endpoint."""
+        """Finish the connection (the other end must connect too); the async endpoint.
+        ``slots`` configures this end's tensor-slot send pool (see :func:`connect`)."""
+        slots = resolve_config(slots)
         sock = self._take()
         try:
             with anyio.fail_after(timeout):
                 pid = check_peer(sock)
                 if self._role == "client":
-                    est = await _drive_async(_client_handshake(self._capacity), sock)
+                    est = await _drive_async(_client_handshake(self._capacity, slots), sock)
                 else:
-                    est = await _drive_async(_server_handshake(pid, MAX_CAPACITY), sock)
+                    est = await _drive_async(_server_handshake(pid, MAX_CAPACITY, slots), sock)
         except BaseException:
             sock.close()
             raise
@@ -1845,16 +2588,18 @@ class PairEnd:
         type: Any = Any,
         spin_us: float = DEFAULT_SPIN_US,
         timeout: float = DEFAULT_PAIR_TIMEOUT,
+        slots: SlotConfig | None = DEFAULT_SLOTS,
     ) -> SyncChannel:
         """Blocking :meth:`connect`."""
+        slots = resolve_config(slots)
         sock = self._take()
         try:
             deadline = time.monotonic() + timeout
             pid = check_peer(sock)
             if self._role == "client":
-                est = _drive_sync(_client_handshake(self._capacity), sock, deadline)
+                est = _drive_sync(_client_handshake(self._capacity, slots), sock, deadline)
             else:
-                est = _drive_sync(_server_handshake(pid, MAX_CAPACITY), sock, deadline)
+                est = _drive_sync(_server_handshake(pid, MAX_CAPACITY, slots), sock, deadline)
         except BaseException:
             sock.close()
             raise

@@ -47,8 +47,11 @@ class ReleaseQueue:
     ever called by one thread at a time.
     """
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, max_batch: int | None = None) -> None:
+        if max_batch is not None and max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
         self._sink = sink
+        self._max_batch = max_batch
         self._pending: deque[tuple[int, int]] = deque()
         self._lock = threading.Lock()
         self._closed = False
@@ -83,7 +86,8 @@ class ReleaseQueue:
                 if self._closed:
                     return True
                 batch: list[tuple[int, int]] = []
-                while True:
+                limit = self._max_batch or -1
+                while len(batch) != limit:
                     try:
                         batch.append(self._pending.popleft())
                     except IndexError:
@@ -97,13 +101,21 @@ class ReleaseQueue:
                 self._lock.release()
         return True
 
-    def close(self) -> list[tuple[int, int]]:
+    def close(self, blocking: bool = True) -> list[tuple[int, int]]:
         """Stop for good; return what was still pending (for statistics or warnings).
 
         Blocks until a flush in progress has finished; never call it from a finalizer.
+        With ``blocking=False`` (for ``__del__`` methods, which may run inside garbage
+        collection in the middle of a flush in this very thread) it does not wait: a
+        flush in progress finishes its current batch and stops, so the caller must not
+        unmap anything the sink touches -- only drop its references to it.
         """
-        with self._lock:
+        got = self._lock.acquire(blocking)
+        try:
             self._closed = True
             left = list(self._pending)
             self._pending.clear()
+        finally:
+            if got:
+                self._lock.release()
         return left

@@ -37,6 +37,7 @@ given, a stale generation, or a double release is refused by
 
 from __future__ import annotations
 
+import bisect
 import secrets
 import struct
 from collections.abc import Iterable, Sequence
@@ -238,6 +239,18 @@ class SlotAllocator:
     def status(self, slot: int) -> int:
         return self._status[slot]
 
+    def can_allocate(self, nbytes: int) -> bool:
+        """Would :meth:`allocate` find a free slot for ``nbytes`` now?"""
+        return any(self._free[cap] for cap in self._caps if cap >= nbytes)
+
+    def slot_at(self, offset: int, nbytes: int) -> int | None:
+        """The slot whose memory holds ``[offset, offset + nbytes)``, or ``None``."""
+        offsets = self.layout.offsets
+        i = bisect.bisect_right(offsets, offset) - 1
+        if i < 0 or offset + nbytes > offsets[i] + self.layout.capacities[i]:
+            return None
+        return i
+
     def generation(self, slot: int) -> int:
         return self._generation[slot]
 
@@ -276,6 +289,13 @@ class SlotAllocator:
         if self._status[slot] != LOANED:
             raise RingwireError(f"slot {slot} is not loaned (status {self._status[slot]})")
         self._set(slot, SENT)
+
+    def unsend(self, slot: int) -> None:
+        """Undo :meth:`mark_sent` for a reference that was never published (SENT ->
+        LOANED, same generation)."""
+        if self._status[slot] != SENT:
+            raise RingwireError(f"slot {slot} is not sent (status {self._status[slot]})")
+        self._set(slot, LOANED)
 
     def cancel(self, slot: int) -> None:
         """Give back a loaned slot that was never sent."""

@@ -46,6 +46,8 @@ from ringwire._errors import DecodeError
 from ringwire._record import Record
 from ringwire._ringlayout import FrameTooLarge, RingCorrupted, init_ring, ring_size
 from ringwire._segment import SHM_DIR, Segment, SharedMemoryFull
+from ringwire._slotlayout import SlotClass
+from ringwire._slots import SlotConfig
 
 from anyio import (  # isort: skip
     BrokenResourceError,
@@ -56,6 +58,17 @@ from anyio import (  # isort: skip
 
 SPAWN = mp.get_context("spawn")
 SMALL = 4096  # a small ring, to exercise wraparound and backpressure
+
+
+@pytest.fixture(autouse=True)
+def small_slot_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections made here get a small tensor-slot pool by default: the 81 MiB
+    default pool costs ~30 ms of fallocate + unmap per side per connection, and these
+    tests make hundreds of connections (tests/test_slots.py covers slots, and the
+    default pool).  Spawned children keep the real default."""
+    monkeypatch.setattr(
+        "ringwire._slots.default_slots", SlotConfig(classes=(SlotClass(64 * 1024, 4),))
+    )
 
 
 def _uvloop_param() -> Any:

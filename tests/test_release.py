@@ -153,3 +153,37 @@ def test_close_drops_later_pushes_and_never_calls_the_sink_again() -> None:
     sink.accept = True
     q.push(2, 2)
     assert q.flush() and sink.calls == calls and sink.got == [] and q.closed
+
+
+def test_max_batch_splits_a_flush_into_several_sink_calls() -> None:
+    batches: list[int] = []
+
+    def sink(batch: Sequence[tuple[int, int]]) -> bool:
+        batches.append(len(batch))
+        return True
+
+    q = ReleaseQueue(sink, max_batch=3)
+    accept = q._lock.acquire()  # hold the flush lock: pushes just queue
+    assert accept
+    for i in range(8):
+        q.push(i, 0)
+    q._lock.release()
+    assert q.flush() and batches == [3, 3, 2] and q.flushed == 8
+
+
+def test_non_blocking_close_while_a_flush_is_in_progress() -> None:
+    """``__del__`` may close the queue from inside a flush of this very thread."""
+    q: ReleaseQueue
+    seen: list[list[tuple[int, int]]] = []
+
+    def sink(batch: Sequence[tuple[int, int]]) -> bool:
+        seen.append(list(batch))
+        left = q.close(blocking=False)  # the lock is ours: must not wait
+        assert left == []
+        return True
+
+    q = ReleaseQueue(sink)
+    q.push(1, 1)
+    assert q.closed and seen == [[(1, 1)]]
+    q.push(2, 2)  # dropped: closed
+    assert seen == [[(1, 1)]]

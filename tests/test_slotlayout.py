@@ -172,3 +172,27 @@ def test_random_operations_keep_table_and_allocator_in_step(ops: list[tuple[str,
         assert alloc.in_use() == len(loaned) + len(sent)
         for s in range(alloc.layout.nslots):
             assert slot_state(buf, s) == (alloc.generation(s), alloc.status(s))
+
+
+def test_unsend_slot_at_and_can_allocate() -> None:
+    buf, alloc = make_pool()
+    layout = alloc.layout
+    assert alloc.can_allocate(1 << 20) and not alloc.can_allocate((1 << 20) + 1)
+    slot = alloc.allocate(100)
+    assert slot is not None
+    off = layout.offsets[slot]
+    assert alloc.slot_at(off, 100) == slot and alloc.slot_at(off + 10, 90) == slot
+    assert alloc.slot_at(off + 10, 100) is None  # runs past the slot
+    assert alloc.slot_at(0, 1) is None  # the header
+    alloc.mark_sent(slot)
+    gen = alloc.generation(slot)
+    alloc.unsend(slot)  # a reference that was never published
+    assert alloc.status(slot) == LOANED and slot_state(buf, slot) == (gen, LOANED)
+    with pytest.raises(RingwireError):
+        alloc.unsend(slot)
+    alloc.cancel(slot)
+    assert alloc.status(slot) == FREE
+    for _ in range(2):
+        big = alloc.allocate(1 << 20)
+        assert big is not None
+    assert not alloc.can_allocate(1 << 20) and alloc.can_allocate(100)
