@@ -39,6 +39,7 @@ __all__ = [
     "name_pid",
     "pid_alive",
     "new_segment_name",
+    "stale_segments",
     "sweep",
     "unlink_segment",
 ]
@@ -219,16 +220,14 @@ def pid_alive(pid: int) -> bool:
     return stat_line[stat_line.rfind(b")") + 2 :][:1] != b"Z"
 
 
-def sweep(shm_dir: str = SHM_DIR) -> list[str]:
-    """Remove ringwire segments whose creator process is gone; return their names.
-
-    Only names of the form ``rw.<pid>.<12 hex>`` owned by our uid are considered.
-    """
-    removed: list[str] = []
+def stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
+    """Names (``/rw.<pid>.<12 hex>``) in ``shm_dir`` owned by our uid whose creator
+    process is gone: what :func:`sweep` removes.  Nothing is touched."""
+    stale: list[str] = []
     try:
-        entries = os.listdir(shm_dir)
+        entries = sorted(os.listdir(shm_dir))
     except OSError:
-        return removed
+        return stale
     uid = os.geteuid()
     for entry in entries:
         name = "/" + entry
@@ -241,6 +240,14 @@ def sweep(shm_dir: str = SHM_DIR) -> list[str]:
                 continue
         except OSError:
             continue
-        if unlink_segment(name):
-            removed.append(name)
-    return removed
+        stale.append(name)
+    return stale
+
+
+def sweep(shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove ringwire segments whose creator process is gone; return their names.
+
+    Only names of the form ``rw.<pid>.<12 hex>`` owned by our uid are considered
+    (:func:`stale_segments` lists them without removing anything).
+    """
+    return [name for name in stale_segments(shm_dir) if unlink_segment(name)]

@@ -1,0 +1,664 @@
+"""``python -m ringwire``: inspect live connections, clean up what dead processes left.
+
+::
+
+    python -m ringwire inspect [--json] [--pid PID] [--plain]
+    python -m ringwire cleanup [--dry-run] [--json]
+
+Where the information comes from
+--------------------------------
+ringwire unlinks a segment's name as soon as both sides attached, so a *live*
+connection has no name in ``/dev/shm``.  Its memory is still mapped by the processes
+using it, and ``/proc/<pid>/maps`` still shows those mappings (as
+``/dev/shm/rw.<pid>.<12 hex> (deleted)``).  ``inspect`` scans every process's maps,
+groups the mappings by inode (one inode = one segment, whatever process maps it), and
+reads the segment's header through ``/proc/<pid>/map_files/<start>-<end>`` (allowed for
+root, or with ``CAP_CHECKPOINT_RESTORE``) or, failing that, ``/proc/<pid>/mem`` (allowed
+where ptrace is).  A segment that cannot be read is still listed, with its processes.
+Nothing is written and nothing is mapped: the reads are ``pread`` s of a few headers.
+
+* A ring segment (magic ``RWRING``) holds a connection's two lanes: the first is
+  written by the segment's creator (the connecting side), the second by its peer.
+  *Fill* is ``tail - head``: bytes published and not yet consumed.
+* A slot pool (magic ``RWPOOL``) belongs to its creator (the producer); the slot table
+  says which slots are free, loaned (being filled) or sent (in flight or held by the
+  consumer).
+* Names still in ``/dev/shm`` are listed with their creator pid (from the name) and
+  whether it is alive: a name whose creator is dead is *stale*, and ``cleanup``
+  removes it (:func:`ringwire.sweep_segments`; names of live processes are never
+  touched).
+
+Exit status: 0 success; 1 ``cleanup --dry-run`` found stale names (``cleanup`` could
+not remove some), or ``/proc`` is unavailable; 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from ._ringlayout import (
+    _CAPACITY,
+    _HEAD,
+    _RCLOSED,
+    _RPARKED,
+    _TAIL,
+    _WCLOSED,
+    _WPARKED,
+    HEADER_SIZE,
+    validate_capacity,
+)
+from ._segment import SHM_DIR, is_segment_name, name_pid, pid_alive, stale_segments, sweep
+from ._slotlayout import _ENTRY as _POOL_ENTRY
+from ._slotlayout import _HEADER as _POOL_HEADER
+from ._slotlayout import _MAX_SLOTS, FREE, LOANED, SENT
+from ._slotlayout import _TABLE_OFFSET as _POOL_TABLE
+
+__all__ = ["main", "scan"]
+
+PROC = "/proc"
+_RING_MAGIC = b"RWRING"
+_POOL_MAGIC = b"RWPOOL"
+_MAPS_LINE = re.compile(
+    r"^(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+) \S+ (?P<offset>[0-9a-f]+) "
+    r"(?P<dev>\S+) (?P<inode>\d+)\s+(?P<path>.*)$"
+)
+_DELETED = " (deleted)"
+
+
+# -- scanning --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One mapping of a ringwire segment in one process."""
+
+    pid: int
+    start: int
+    end: int
+    offset: int
+    dev: str
+    inode: int
+    name: str  # "/rw.<pid>.<hex>"
+    deleted: bool
+
+
+def parse_maps_line(pid: int, line: str) -> Mapping | None:
+    """A ``/proc/<pid>/maps`` line that maps a ringwire segment, else ``None``."""
+    m = _MAPS_LINE.match(line.rstrip("\n"))
+    if m is None:
+        return None
+    path = m["path"]
+    deleted = path.endswith(_DELETED)
+    if deleted:
+        path = path[: -len(_DELETED)]
+    if not path.startswith(SHM_DIR + "/"):
+        return None
+    name = path[len(SHM_DIR) :]
+    if not is_segment_name(name):
+        return None
+    return Mapping(
+        pid, int(m["start"], 16), int(m["end"], 16), int(m["offset"], 16), m["dev"],
+        int(m["inode"]), name, deleted,
+    )  # fmt: skip
+
+
+def _pids(proc: str) -> list[int]:
+    try:
+        return sorted(int(e) for e in os.listdir(proc) if e.isdigit())
+    except OSError:
+        return []
+
+
+def _mappings(proc: str, pids: Sequence[int]) -> tuple[list[Mapping], int]:
+    """Every ringwire mapping of every readable process; and how many were unreadable."""
+    found: list[Mapping] = []
+    unreadable = 0
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/maps", encoding="utf-8", errors="replace") as f:
+                lines = [line for line in f if "/rw." in line]
+        except FileNotFoundError:
+            continue  # exited meanwhile
+        except OSError:
+            unreadable += 1
+            continue
+        for line in lines:
+            mapping = parse_maps_line(pid, line)
+            if mapping is not None:
+                found.append(mapping)
+    return found, unreadable
+
+
+def _comm(proc: str, pid: int) -> str | None:
+    try:
+        with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+Reader = Callable[[int, int], bytes]
+
+
+def _fd_reader(fd: int) -> Reader:
+    return lambda off, n: os.pread(fd, n, off)
+
+
+def _open_reader(proc: str, maps: Sequence[Mapping]) -> tuple[Reader, int, Any] | str:
+    """A ``read(offset, n)`` over the segment's bytes, its size and a closer; or why
+    none of the mappings could be read."""
+    why = "no mapping"
+    for mp in maps:
+        try:  # the mapped file itself
+            fd = os.open(f"{proc}/{mp.pid}/map_files/{mp.start:x}-{mp.end:x}", os.O_RDONLY)
+        except OSError as exc:
+            why = f"map_files: {exc.strerror}"
+        else:
+            try:
+                size = os.fstat(fd).st_size
+            except OSError as exc:
+                os.close(fd)
+                why = f"map_files: {exc.strerror}"
+                continue
+            return _fd_reader(fd), size, lambda fd=fd: os.close(fd)
+        try:  # the process's memory
+            fd = os.open(f"{proc}/{mp.pid}/mem", os.O_RDONLY)
+        except OSError as exc:
+            why = f"{why}; mem: {exc.strerror}"
+            continue
+
+        def read_mem(
+            off: int, n: int, fd: int = fd, start: int = mp.start, end: int = mp.end,
+            base: int = mp.offset,
+        ) -> bytes:  # fmt: skip
+            lo = start + off - base
+            if off < base or lo >= end:
+                return b""
+            return os.pread(fd, min(n, end - lo), lo)
+
+        try:
+            read_mem(mp.offset, 8)
+        except OSError as exc:
+            os.close(fd)
+            why = f"{why}; mem: {exc.strerror}"
+            continue
+        return read_mem, mp.offset + mp.end - mp.start, lambda fd=fd: os.close(fd)
+    return why
+
+
+def _read_exact(read: Reader, off: int, n: int) -> bytes:
+    data = read(off, n)
+    if len(data) != n:
+        raise ValueError(f"short read at offset {off}")
+    return data
+
+
+def _lane(read: Reader, off: int) -> dict[str, Any]:
+    words = struct.unpack("=64Q", _read_exact(read, off, HEADER_SIZE))
+    if struct.pack("=Q", words[0])[:6] != _RING_MAGIC:
+        raise ValueError(f"no ring header at offset {off}")
+    capacity = validate_capacity(words[_CAPACITY])
+    tail, head = words[_TAIL], words[_HEAD]
+    return {
+        "capacity": capacity,
+        "fill": tail - head if head <= tail <= head + capacity else None,
+        "tail": tail,
+        "head": head,
+        "reader_parked": words[_RPARKED] != 0,
+        "writer_parked": words[_WPARKED] != 0,
+        "writer_closed": words[_WCLOSED] != 0,
+        "reader_closed": words[_RCLOSED] != 0,
+    }
+
+
+def _read_rings(read: Reader) -> list[dict[str, Any]]:
+    first = _lane(read, 0)
+    return [first, _lane(read, HEADER_SIZE + first["capacity"])]
+
+
+def _read_pool(read: Reader, size: int) -> dict[str, Any]:
+    magic, pool_id, nslots, data_offset, data_size = _POOL_HEADER.unpack(
+        _read_exact(read, 0, _POOL_HEADER.size)
+    )
+    if magic[:6] != _POOL_MAGIC:
+        raise ValueError("bad slot pool magic")
+    if not 0 < nslots <= _MAX_SLOTS:
+        raise ValueError(f"slot pool claims {nslots} slots")
+    table = _read_exact(read, _POOL_TABLE, nslots * _POOL_ENTRY.size)
+    by_size: dict[int, dict[str, int]] = {}
+    counts = {"free": 0, "loaned": 0, "sent": 0}
+    bytes_in_use = 0
+    names = {FREE: "free", LOANED: "loaned", SENT: "sent"}
+    for _, cap, state, _ in _POOL_ENTRY.iter_unpack(table):
+        status = names.get(state & 3, "sent")
+        row = by_size.setdefault(cap, {"size": cap, "count": 0, "free": 0, "loaned": 0, "sent": 0})
+        row["count"] += 1
+        row[status] += 1
+        counts[status] += 1
+        if status != "free":
+            bytes_in_use += cap
+    release: dict[str, Any] | None = None
+    if data_offset + data_size + HEADER_SIZE <= size:
+        try:
+            release = _lane(read, data_offset + data_size)
+        except ValueError:
+            release = None
+    return {
+        "pool_id": f"{pool_id:#018x}",
+        "slots": nslots,
+        **counts,
+        "in_use": counts["loaned"] + counts["sent"],
+        "bytes_in_use": bytes_in_use,
+        "by_size": [by_size[cap] for cap in sorted(by_size)],
+        "releases_pending_bytes": None if release is None else release["fill"],
+    }
+
+
+def _kind_of(read: Reader) -> str:
+    magic = read(0, 8)[:6]
+    return {_RING_MAGIC: "rings", _POOL_MAGIC: "slots"}.get(magic, "unknown")
+
+
+@dataclass
+class _Segment:
+    name: str
+    maps: list[Mapping] = field(default_factory=list)
+
+
+def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> dict[str, Any]:
+    """What ``inspect`` reports, as plain data (the ``--json`` output).
+
+    ``pid``: only segments that process maps or created.
+    """
+    if not os.path.isdir(proc) or not os.path.exists(f"{proc}/self"):
+        raise OSError(f"{proc} is not available: inspect needs Linux /proc")
+    maps, unreadable = _mappings(proc, _pids(proc))
+    segments: dict[tuple[str, int, str], _Segment] = {}
+    for mp in maps:
+        segments.setdefault((mp.dev, mp.inode, mp.name), _Segment(mp.name)).maps.append(mp)
+
+    processes: dict[int, dict[str, Any]] = {}
+
+    def proc_info(p: int) -> dict[str, Any]:
+        if p not in processes:
+            processes[p] = {"pid": p, "comm": _comm(proc, p), "alive": pid_alive(p)}
+        return processes[p]
+
+    connections: list[dict[str, Any]] = []
+    pools: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    mapped_names: dict[str, list[int]] = {}
+    for seg in sorted(segments.values(), key=lambda s: (name_pid(s.name), s.name)):
+        creator = name_pid(seg.name)
+        pids = sorted({m.pid for m in seg.maps})
+        if pid is not None and pid != creator and pid not in pids:
+            continue
+        for p in pids:
+            proc_info(p)
+        entry: dict[str, Any] = {
+            "segment": seg.name.lstrip("/"),
+            "creator_pid": creator,
+            "creator_alive": proc_info(creator)["alive"],
+            "unlinked": all(m.deleted for m in seg.maps),
+            "pids": pids,
+            "size": None,
+            "kind": "unreadable",
+            "error": None,
+        }
+        if not entry["unlinked"]:
+            mapped_names.setdefault(seg.name, []).extend(pids)
+        opened = _open_reader(proc, seg.maps)
+        if isinstance(opened, str):
+            entry["error"] = opened
+            others.append(entry)
+            continue
+        read, size, close = opened
+        try:
+            entry["size"] = size
+            entry["kind"] = _kind_of(read)
+            peers = [p for p in pids if p != creator]
+            peer = peers[0] if len(peers) == 1 else None
+            if entry["kind"] == "rings":
+                lanes = _read_rings(read)
+                lanes[0].update(writer_pid=creator, reader_pid=peer)
+                lanes[1].update(writer_pid=peer, reader_pid=creator)
+                entry["lanes"] = lanes
+                connections.append(entry)
+            elif entry["kind"] == "slots":
+                entry["owner_pid"] = creator
+                entry["peer_pids"] = peers
+                entry.update(_read_pool(read, size))
+                pools.append(entry)
+            else:
+                others.append(entry)
+        except (OSError, ValueError) as exc:
+            entry["kind"] = "unreadable" if isinstance(exc, OSError) else "unknown"
+            entry["error"] = str(exc)
+            others.append(entry)
+        finally:
+            close()
+
+    names = []
+    try:
+        entries = sorted(os.listdir(shm_dir))
+    except OSError:
+        entries = []
+    stale = set(stale_segments(shm_dir))
+    for e in entries:
+        name = "/" + e
+        if not is_segment_name(name):
+            continue
+        creator = name_pid(name)
+        if pid is not None and pid != creator and pid not in mapped_names.get(name, []):
+            continue
+        path = os.path.join(shm_dir, e)
+        info: dict[str, Any] = {
+            "name": e,
+            "creator_pid": creator,
+            "creator_alive": proc_info(creator)["alive"],
+            "stale": name in stale,
+            "size": None,
+            "uid": None,
+            "kind": "unreadable",
+            "mapped_by": sorted(set(mapped_names.get(name, []))),
+        }
+        try:
+            st = os.stat(path)
+            info["size"], info["uid"] = st.st_size, st.st_uid
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                info["kind"] = _kind_of(_fd_reader(fd))
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        names.append(info)
+
+    return {
+        "version": 1,
+        "uid": os.geteuid(),
+        "connections": connections,
+        "pools": pools,
+        "other_segments": others,
+        "names": names,
+        "processes": [processes[p] for p in sorted(processes)],
+        "unreadable_processes": unreadable,
+    }
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def _who(report: dict[str, Any], pid: int | None) -> str:
+    if pid is None:
+        return "?"
+    for p in report["processes"]:
+        if p["pid"] == pid:
+            state = "" if p["alive"] else " (dead)"
+            return f"{pid} {p['comm'] or ''}".rstrip() + state
+    return f"{pid}{'' if pid_alive(pid) else ' (dead)'}"
+
+
+def _flags(lane: dict[str, Any]) -> str:
+    flags = []
+    if lane["writer_closed"]:
+        flags.append("writer closed")
+    if lane["reader_closed"]:
+        flags.append("reader closed")
+    if lane["reader_parked"]:
+        flags.append("reader parked")
+    if lane["writer_parked"]:
+        flags.append("writer parked (ring full)")
+    return ", ".join(flags)
+
+
+Section = tuple[str, list[str], list[list[str]]]
+
+
+def _sections(report: dict[str, Any]) -> list[Section]:
+    out: list[Section] = []
+    rows: list[list[str]] = []
+    for c in report["connections"]:
+        for i, lane in enumerate(c["lanes"]):
+            fill = lane["fill"]
+            pct = "" if fill is None else f" ({100 * fill / lane['capacity']:.1f}%)"
+            rows.append(
+                [
+                    c["segment"] if i == 0 else "",
+                    _who(report, c["creator_pid"]) if i == 0 else "",
+                    f"{lane['writer_pid'] or '?'} -> {lane['reader_pid'] or '?'}",
+                    f"{_size(fill)} / {_size(lane['capacity'])}{pct}",
+                    _flags(lane),
+                ]
+            )
+    out.append(("Connections", ["SEGMENT", "CREATED BY", "LANE", "FILL", "STATE"], rows))
+    rows = []
+    for p in report["pools"]:
+        sizes = ", ".join(
+            f"{r['count'] - r['free']}/{r['count']} x {_size(r['size'])}" for r in p["by_size"]
+        )
+        rows.append(
+            [
+                p["segment"],
+                _who(report, p["owner_pid"]),
+                ", ".join(map(str, p["peer_pids"])) or "-",
+                f"{p['in_use']}/{p['slots']}",
+                str(p["loaned"]),
+                str(p["sent"]),
+                _size(p["bytes_in_use"]),
+                sizes,
+            ]
+        )
+    out.append(
+        (
+            "Slot pools",
+            ["SEGMENT", "OWNER", "PEERS", "IN USE", "LOANED", "SENT", "BYTES", "BY SIZE (in use)"],
+            rows,
+        )
+    )
+    if report["other_segments"]:
+        rows = [
+            [
+                o["segment"],
+                _who(report, o["creator_pid"]),
+                ", ".join(map(str, o["pids"])),
+                o["kind"],
+                o["error"] or "",
+            ]
+            for o in report["other_segments"]
+        ]
+        out.append(("Other segments", ["SEGMENT", "CREATED BY", "MAPPED BY", "KIND", "NOTE"], rows))
+    rows = []
+    for n in report["names"]:
+        state = (
+            "stale: cleanup removes it"
+            if n["stale"]
+            else "live"
+            if n["creator_alive"]
+            else "dead creator, other uid"
+        )
+        rows.append(
+            [
+                n["name"],
+                _who(report, n["creator_pid"]),
+                _size(n["size"]),
+                n["kind"],
+                ", ".join(map(str, n["mapped_by"])) or "-",
+                state,
+            ]
+        )
+    out.append(
+        (f"Names in {SHM_DIR}", ["NAME", "CREATOR", "SIZE", "KIND", "MAPPED BY", "STATE"], rows)
+    )
+    return out
+
+
+def _summary(report: dict[str, Any]) -> str:
+    def n(count: int, what: str) -> str:
+        return f"{count} {what}{'' if count == 1 else 's'}"
+
+    stale = sum(1 for x in report["names"] if x["stale"])
+    text = (
+        f"ringwire on this host: {n(len(report['connections']), 'connection')}, "
+        f"{n(len(report['pools']), 'slot pool')}, "
+        f"{n(len(report['names']), 'name')} in {SHM_DIR} ({stale} stale)"
+    )
+    if report["unreadable_processes"]:
+        text += f"; {n(report['unreadable_processes'], 'process')} not readable (permission)"
+    return text
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The plain-text tables."""
+    lines = [_summary(report)]
+    for title, headers, rows in _sections(report):
+        lines.append("")
+        if not rows:
+            lines.append(f"{title}: none")
+            continue
+        lines.append(f"{title}:")
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+        for row in [headers, *rows]:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def render_rich(report: dict[str, Any], file: TextIO) -> None:
+    """The same tables with rich (when it is installed and the output is a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(file=file, highlight=False)
+    console.print(Text(_summary(report)))
+    for title, headers, rows in _sections(report):
+        if not rows:
+            console.print(Text(f"{title}: none", style="dim"))
+            continue
+        table = Table(title=title, title_justify="left")
+        for h in headers:
+            table.add_column(h)
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))  # process names are not markup
+        console.print(table)
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        report = scan(pid=args.pid)
+    except OSError as exc:
+        print(f"ringwire inspect: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(report, out, indent=2)
+        out.write("\n")
+        return 0
+    if not args.plain and out.isatty():
+        try:
+            render_rich(report, out)
+            return 0
+        except ImportError:
+            pass
+    out.write(render_text(report))
+    return 0
+
+
+def _cleanup(args: argparse.Namespace, out: TextIO) -> int:
+    stale = stale_segments()
+    sizes: dict[str, int | None] = {}
+    for name in stale:
+        try:
+            sizes[name] = os.stat(SHM_DIR + name).st_size
+        except OSError:
+            sizes[name] = None
+    if args.dry_run:
+        removed: list[str] = []
+        left = stale
+    else:
+        removed = sweep()
+        left = [name for name in stale_segments() if name in stale]
+    if args.json:
+        json.dump(
+            {
+                "dry_run": args.dry_run,
+                "stale": [n.lstrip("/") for n in stale],
+                "removed": [n.lstrip("/") for n in removed],
+                "left": [n.lstrip("/") for n in left],
+            },
+            out,
+            indent=2,
+        )
+        out.write("\n")
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        for name in stale if args.dry_run else removed:
+            out.write(
+                f"{verb} {name.lstrip('/')} (creator pid {name_pid(name)} is dead, "
+                f"{_size(sizes.get(name))})\n"
+            )
+        if not args.dry_run:
+            for name in left:
+                out.write(f"could not remove {name.lstrip('/')}\n")
+        if not stale:
+            out.write(f"nothing to clean up in {SHM_DIR}\n")
+    return 1 if left else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ringwire",
+        description="Inspect ringwire connections on this host; clean up after dead processes.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser(
+        "inspect",
+        help="live segments and connections: owner pid, alive or dead, ring fill, slots in use",
+        description=(
+            "List ringwire shared-memory segments mapped by processes on this host (live "
+            f"connections, whose names are already unlinked) and names left in {SHM_DIR}."
+        ),
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    p.add_argument("--pid", type=int, help="only segments this process maps or created")
+    p.set_defaults(func=_inspect)
+    c = sub.add_parser(
+        "cleanup",
+        help=f"remove {SHM_DIR} names whose creator process is dead",
+        description=(
+            f"Remove ringwire names in {SHM_DIR} (ours, rw.<pid>.<hex>) whose creator "
+            "process is dead.  Names of live processes are never touched.  Exit status 1: "
+            "stale names remain (with --dry-run: there are stale names to remove)."
+        ),
+    )
+    c.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(func=_cleanup)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    args = _parser().parse_args(argv)
+    result: int = args.func(args, out if out is not None else sys.stdout)
+    return result

@@ -1,0 +1,230 @@
+"""``python -m ringwire inspect | cleanup``."""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import posix_ipc
+import pytest
+
+import ringwire
+from ringwire import _cli
+from ringwire._ringlayout import frame_size
+from ringwire._segment import SHM_DIR, Segment, stale_segments, unlink_segment
+
+SPAWN = mp.get_context("spawn")
+KiB = 1 << 10
+CFG = ringwire.SlotConfig(classes=(ringwire.SlotClass(64 * KiB, 4),), threshold=1024)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ringwire", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+# -- inspect: a live connection ----------------------------------------------------------
+
+
+def child_holds(end: ringwire.PairEnd, stop: Any) -> None:
+    with end.connect_sync(slots=CFG) as ch:
+        ch.send({"x": np.arange(4096, dtype=np.float32)}, timeout=10)  # into a slot
+        stop.poll(30)  # reads nothing: what the parent sends stays in the ring
+
+
+@pytest.mark.multiprocess
+def test_inspect_shows_a_live_connection() -> None:
+    me = os.getpid()
+    a, b = ringwire.pair()
+    # a pipe, not an Event: Events are named semaphores in /dev/shm
+    stop_r, stop_w = SPAWN.Pipe(duplex=False)
+    p = SPAWN.Process(target=child_holds, args=(b, stop_r), daemon=True)
+    p.start()
+    stop_r.close()
+    assert p.pid is not None
+    try:
+        with a.connect_sync(slots=CFG) as ch:
+            records = [{"n": i, "pad": "x" * 100} for i in range(5)]
+            for r in records:
+                ch.send(r, timeout=10)
+            held = ch.receive(timeout=10)["x"]  # a view of the child's slot
+            loaned = ch.loan((1000,), np.float64)  # one of our slots, being filled
+            fill = ch.statistics().send_fill
+            assert fill == 5 * frame_size(len(ringwire.encode(records[0])))
+
+            out = cli("inspect", "--json", "--pid", str(p.pid))
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            [conn] = [c for c in report["connections"] if c["pids"] == sorted([me, p.pid])]
+            assert conn["creator_pid"] == me and conn["creator_alive"] and conn["unlinked"]
+            there, back = conn["lanes"]
+            assert (there["writer_pid"], there["reader_pid"]) == (me, p.pid)
+            assert there["fill"] == fill and there["capacity"] == ringwire.DEFAULT_CAPACITY
+            assert (back["writer_pid"], back["reader_pid"], back["fill"]) == (p.pid, me, 0)
+            pools = {pool["owner_pid"]: pool for pool in report["pools"]}
+            theirs, ours = pools[p.pid], pools[me]
+            assert (theirs["sent"], theirs["loaned"], theirs["in_use"]) == (1, 0, 1)
+            assert theirs["bytes_in_use"] == 64 * KiB and theirs["peer_pids"] == [me]
+            assert (ours["sent"], ours["loaned"], ours["free"]) == (0, 1, 3)
+            assert theirs["slots"] == ours["slots"] == 4
+            procs = {q["pid"]: q for q in report["processes"]}
+            assert procs[me]["alive"] and procs[p.pid]["alive"]
+            assert not [n for n in report["names"] if n["creator_pid"] in (me, p.pid)]
+
+            text = cli("inspect", "--pid", str(me))
+            assert text.returncode == 0, text.stderr
+            assert conn["segment"] in text.stdout
+            assert f"{me} -> {p.pid}" in text.stdout and f"{p.pid} -> {me}" in text.stdout
+            assert f"{_cli._size(fill)} / 1 MiB" in text.stdout
+            assert "1/4" in text.stdout  # slots in use, both pools
+
+            del held, loaned
+            stop_w.send(b"stop")
+        p.join(30)
+        assert p.exitcode == 0
+        gc.collect()  # (a closed endpoint's mapping goes with the last view of it)
+        after = json.loads(cli("inspect", "--json", "--pid", str(me)).stdout)
+        assert after["connections"] == [] and after["pools"] == [], after
+    finally:
+        stop_w.close()
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+# -- cleanup -----------------------------------------------------------------------------
+
+
+class Vanished(Exception):
+    """Somebody else swept our fabricated stale name (another suite on this host)."""
+
+
+def test_cleanup_removes_only_dead_creators_names() -> None:
+    # A stale name is stale for everybody: a concurrent sweep elsewhere on the host may
+    # remove it first.  That is retried, never counted as a pass.
+    for _ in range(5):
+        try:
+            check_cleanup()
+            return
+        except Vanished:
+            continue
+    pytest.fail("the fabricated stale name was swept by somebody else five times")
+
+
+def check_cleanup() -> None:
+    dead = dead_pid()
+    stale = f"/rw.{dead}.{os.urandom(6).hex()}"
+    posix_ipc.SharedMemory(stale, posix_ipc.O_CREX, mode=0o600, size=4096).close_fd()
+    live = Segment.create(4096)  # ours, named, mapped: a live process's name
+
+    def still_there() -> None:
+        if not os.path.exists(SHM_DIR + stale):
+            raise Vanished
+
+    try:
+        listed = stale_segments()  # what sweep would remove; removes nothing
+        still_there()
+        assert stale in listed and live.name not in listed
+        report = json.loads(cli("inspect", "--json").stdout)
+        names = {n["name"]: n for n in report["names"]}
+        if stale[1:] not in names:
+            raise Vanished
+        s, lv = names[stale[1:]], names[live.name[1:]]
+        assert (s["creator_pid"], s["creator_alive"], s["stale"]) == (dead, False, True)
+        assert s["mapped_by"] == [] and s["size"] == 4096
+        assert (lv["creator_pid"], lv["creator_alive"], lv["stale"]) == (os.getpid(), True, False)
+        assert lv["mapped_by"] == [os.getpid()]
+
+        dry = cli("cleanup", "--dry-run")
+        still_there()
+        assert dry.returncode == 1, dry.stderr  # stale names exist
+        assert f"would remove {stale[1:]} (creator pid {dead} is dead, 4 KiB)" in dry.stdout
+        assert live.name[1:] not in dry.stdout
+        assert os.path.exists(SHM_DIR + live.name)
+        dry_json = json.loads(cli("cleanup", "--dry-run", "--json").stdout)
+        still_there()
+        assert stale[1:] in dry_json["stale"] and dry_json["removed"] == []
+
+        done = cli("cleanup")
+        if f"removed {stale[1:]}" not in done.stdout and not os.path.exists(SHM_DIR + stale):
+            raise Vanished
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"removed {stale[1:]}" in done.stdout and live.name[1:] not in done.stdout
+        assert not os.path.exists(SHM_DIR + stale)
+        assert os.path.exists(SHM_DIR + live.name)
+
+        again = json.loads(cli("cleanup", "--dry-run", "--json").stdout)
+        assert stale[1:] not in again["stale"] and live.name[1:] not in again["stale"]
+    finally:
+        unlink_segment(stale)
+        live.unlink()
+        live.close()
+
+
+# -- pieces, in process --------------------------------------------------------------------
+
+
+def test_parse_maps_line() -> None:
+    line = (
+        "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:1b 16539                      "
+        "/dev/shm/rw.985.4478dd5c8521 (deleted)\n"
+    )
+    m = _cli.parse_maps_line(42, line)
+    assert m is not None
+    assert (m.pid, m.start, m.end, m.offset) == (42, 0x7F4F4E18C000, 0x7F4F4E18E000, 0)
+    assert (m.inode, m.name, m.deleted) == (16539, "/rw.985.4478dd5c8521", True)
+    named = _cli.parse_maps_line(1, line.replace(" (deleted)", ""))
+    assert named is not None and not named.deleted
+    for other in (
+        "7f4f4e18c000-7f4f4e18e000 r--p 00000000 08:01 1234 /usr/lib/libc.so.6",
+        "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:1b 16539 /dev/shm/psm_abc (deleted)",
+        "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:1b 16539 /dev/shm/rw.1.xyz",
+        "7ffd1b5e2000-7ffd1b603000 rw-p 00000000 00:00 0                          [stack]",
+        "garbage",
+    ):
+        assert _cli.parse_maps_line(1, other) is None, other
+
+
+def test_inspect_in_process_and_renderers() -> None:
+    seg = Segment.create(4096)  # a named segment that is not a ring or a pool (yet)
+    try:
+        buf = io.StringIO()
+        assert _cli.main(["inspect", "--json", "--pid", str(os.getpid())], out=buf) == 0
+        report = json.loads(buf.getvalue())
+        [other] = report["other_segments"]
+        assert other["segment"] == seg.name[1:] and other["kind"] == "unknown"
+        assert not other["unlinked"] and other["pids"] == [os.getpid()]
+        buf = io.StringIO()
+        assert _cli.main(["inspect", "--pid", str(os.getpid())], out=buf) == 0
+        text = buf.getvalue()
+        assert text.startswith("ringwire on this host: 0 connections, 0 slot pools, 1 name")
+        assert "Other segments:" in text and seg.name[1:] in text and "live" in text
+        pytest.importorskip("rich")
+        buf = io.StringIO()
+        _cli.render_rich(report, buf)
+        assert seg.name[1:] in buf.getvalue()
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+def test_usage_errors_exit_2() -> None:
+    assert cli().returncode == 2
+    assert cli("frobnicate").returncode == 2
+    assert "inspect" in cli("--help").stdout
