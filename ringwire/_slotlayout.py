@@ -315,12 +315,20 @@ class SlotAllocator:
             )
         self._free_slot(slot)
 
-    def reclaim_sent(self) -> int:
-        """The consumer is gone: every SENT slot returns to the pool.  Returns how many."""
+    def reclaim_sent(self, *, publish: bool = True) -> int:
+        """The consumer is gone: every SENT slot returns to the pool.  Returns how many.
+
+        ``publish=False`` (the producer is closing its end) changes only this side's
+        bookkeeping: the shared table keeps saying SENT at the same generation, so a
+        consumer still resolves the references in records it has not read yet."""
         n = 0
         for slot, status in enumerate(self._status):
             if status == SENT:
-                self._free_slot(slot)
+                if publish:
+                    self._free_slot(slot)
+                else:
+                    self._generation[slot] += 1
+                    self._status[slot] = FREE
                 n += 1
         return n
 

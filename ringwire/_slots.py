@@ -599,9 +599,10 @@ class SendPool:
                 alloc.cancel(slot)
         return ring_back
 
-    def reclaim(self) -> int:
+    def reclaim(self, *, publish: bool = True) -> int:
         """The consumer is gone: take back every slot it held (after processing the
-        releases it published before it went)."""
+        releases it published before it went).  ``publish=False``: we are closing, and
+        only our own bookkeeping changes (see ``SlotAllocator.reclaim_sent``)."""
         with self.lock:
             if self.gone:
                 return 0
@@ -611,7 +612,7 @@ class SendPool:
             except RingwireError:
                 pass
             self.gone = True
-            n = self.alloc.reclaim_sent()
+            n = self.alloc.reclaim_sent(publish=publish)
             self.reclaimed += n
             return n
 
@@ -628,8 +629,10 @@ class SendPool:
     def close(self) -> None:
         """Our side closed: the pool is reclaimed (receipts complete), the lane views
         dropped, the segment closed -- or, while loans are alive, left to them: we drop
-        every reference to the mapping, so the last loan to die unmaps it."""
-        self.reclaim()
+        every reference to the mapping, so the last loan to die unmaps it.  The shared
+        slot table is left as it is: records we published before closing stay readable
+        (their references resolve) until the consumer has read them."""
+        self.reclaim(publish=False)
         with self.lock:
             self.closed = True
             self.reader.release()

@@ -1,7 +1,57 @@
-"""ringwire's process runtime: topologies of worker processes wired by channels.
+"""ringwire's process runtime: a topology of worker processes wired to a front process
+by ringwire channels -- spawned, supervised (restart or stop), drained and cleaned up.
 
-Not built yet: it arrives with the process-runtime issue.  Importing this package is
-harmless; it exports nothing.
+::
+
+    import runtime
+
+    topo = runtime.Topology([
+        runtime.Worker("echo-0", "myapp.workers:echo", policy=runtime.Restart(max_restarts=3)),
+        runtime.Worker("echo-1", "myapp.workers:echo"),          # policy "stop"
+    ])
+
+    async def main(topo: runtime.Topology) -> None:
+        chan = topo.channel("echo-0")
+        await chan.send({"text": "hello"})
+        print(await chan.receive())
+
+    topo.run(main)            # a plain script; or `async with topo:` in an async program
+
+    # myapp/workers.py
+    async def echo(ctx: runtime.WorkerContext) -> None:
+        async for request in ctx.channel:      # ends when the topology stops (drained)
+            await ctx.channel.send({"echo": request})
+
+See :class:`Topology` for the lifecycle, supervision and stop semantics.
 """
 
-__all__: list[str] = []
+from ._supervisor import Topology, WorkerStatus
+from ._topology import (
+    Restart,
+    RuntimeFailure,
+    TopologyStopping,
+    Worker,
+    WorkerEvent,
+    WorkerExit,
+    WorkerGone,
+    WorkerReady,
+    WorkerRestarting,
+    WorkerStartError,
+)
+from ._worker import WorkerContext
+
+__all__ = [
+    "Restart",
+    "RuntimeFailure",
+    "Topology",
+    "TopologyStopping",
+    "Worker",
+    "WorkerContext",
+    "WorkerEvent",
+    "WorkerExit",
+    "WorkerGone",
+    "WorkerReady",
+    "WorkerRestarting",
+    "WorkerStartError",
+    "WorkerStatus",
+]

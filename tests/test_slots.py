@@ -1181,3 +1181,22 @@ def test_no_warnings_leak_from_finalizers_after_close():
     assert [w for w in caught if issubclass(w.category, ResourceWarning)]
     del x
     gc.collect()
+
+
+@pytest.mark.anyio
+async def test_records_sent_before_a_clean_close_still_resolve():
+    """A producer that closes cleanly right after sending must not invalidate the slot
+    references in records the consumer has not read yet: the consumer receives them
+    (valid views), then EndOfStream -- as it would after a crash."""
+    a, b = await apair()
+    async with b:
+        big = np.arange(100_000, dtype=np.float64)  # 800 KB: travels in a slot
+        t = torch.arange(50_000, dtype=torch.float32)
+        receipt = await a.send_tracked({"x": big, "t": t})
+        await a.aclose()
+        assert receipt.consumed  # our side is closed: nothing to wait for
+        got = await b.receive()
+        assert np.array_equal(got["x"], big) and torch.equal(got["t"], t)
+        with pytest.raises(anyio.EndOfStream):
+            await b.receive()
+        del got

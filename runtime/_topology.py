@@ -1,0 +1,203 @@
+"""Declaring a topology: workers, restart policies, the events the supervisor reports."""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+import ringwire
+
+__all__ = [
+    "Restart",
+    "RuntimeFailure",
+    "TopologyStopping",
+    "Worker",
+    "WorkerEvent",
+    "WorkerExit",
+    "WorkerGone",
+    "WorkerReady",
+    "WorkerRestarting",
+    "WorkerStartError",
+]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Restart a worker that exits unexpectedly, after ``backoff * 2**(n-1)`` seconds
+    (at most ``max_backoff``) for its n-th restart within ``window`` seconds; a worker
+    that needs more than ``max_restarts`` restarts within ``window`` stops the
+    topology."""
+
+    max_restarts: int = 5
+    window: float = 60.0
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0 or self.window <= 0 or self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError(f"bad restart policy {self!r}")
+
+    def delay(self, n: int) -> float:
+        """The backoff before the ``n``-th restart within the window (n >= 1)."""
+        return float(min(self.max_backoff, self.backoff * 2 ** max(0, n - 1)))
+
+
+Policy = Union[Literal["stop"], Restart]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One named worker process of a topology.
+
+    ``entry``
+        ``"package.module:function"``: an importable ``async def function(ctx)`` taking a
+        :class:`~runtime.WorkerContext`.
+    ``policy``
+        what an unexpected exit (a crash, a kill, or the entry returning on its own)
+        does: ``"stop"`` stops the whole topology (the default), a :class:`Restart`
+        restarts the worker with backoff.
+    ``options``
+        a mapping handed to the worker as ``ctx.options`` (anything ringwire can
+        encode: numbers, strings, lists, tuples, arrays; no pickle).
+    ``slots``
+        the worker's send pool (tensor slots it lends to the front); ``None``: no
+        pool, everything inline.
+    ``ready``
+        ``"auto"``: ready once its channel is connected, just before the entry runs;
+        ``"explicit"``: ready when the entry calls ``ctx.ready()`` (after loading a
+        model, say).
+    ``backend`` / ``backend_options``
+        the worker's anyio backend (``"asyncio"``, ``"trio"``; ``{"use_uvloop": True}``).
+    ``fast_exit``
+        once the entry has returned and the channel is closed, run the ``atexit``
+        handlers, flush stdio and ``os._exit``: skips the interpreter's teardown
+        (half a second with torch loaded), which makes stops and restarts quicker.
+    """
+
+    name: str
+    entry: str
+    policy: Policy = "stop"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    slots: ringwire.SlotConfig | None = ringwire.DEFAULT_SLOTS
+    capacity: int = ringwire.DEFAULT_CAPACITY
+    spin_us: float = ringwire.DEFAULT_SPIN_US
+    ready: Literal["auto", "explicit"] = "auto"
+    backend: str = "asyncio"
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    fast_exit: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ValueError(f"worker names are 1-64 of [A-Za-z0-9_.-], not {self.name!r}")
+        if not isinstance(self.entry, str) or self.entry.count(":") != 1:
+            raise ValueError(f"entry must look like 'package.module:function', not {self.entry!r}")
+        if self.policy != "stop" and not isinstance(self.policy, Restart):
+            raise ValueError(f"policy must be 'stop' or a Restart, not {self.policy!r}")
+        if self.ready not in ("auto", "explicit"):
+            raise ValueError(f"ready must be 'auto' or 'explicit', not {self.ready!r}")
+
+
+# -- events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    """A worker process (first start or restart) is connected and ready."""
+
+    name: str
+    pid: int
+    incarnation: int
+    startup_s: float  # from spawn to ready
+    at: float  # time.monotonic() in the supervising process
+
+    def describe(self) -> str:
+        again = f" (restart {self.incarnation})" if self.incarnation else ""
+        return f"worker {self.name!r} (pid {self.pid}) ready in {self.startup_s:.2f} s{again}"
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """A worker process ended; ``expected`` when the supervisor asked it to."""
+
+    name: str
+    pid: int
+    incarnation: int
+    exitcode: int | None  # the exit status, or None when killed by a signal
+    signal: _signal.Signals | None  # the signal that killed it
+    expected: bool
+    at: float  # time.monotonic() when the supervisor noticed
+    uptime_s: float
+    error: str | None = None  # the traceback the worker reported, if any
+    reason: str | None = None  # why the supervisor killed it (a start timeout, a force stop)
+    slots_reclaimed: int = 0  # front slots the worker held, taken back at its death
+    slots_in_use_after: int = 0  # front slots still in use on that connection afterwards
+    swept: tuple[str, ...] = ()  # /dev/shm names it left behind, removed by the sweep
+
+    @property
+    def status(self) -> str:
+        if self.signal is not None:
+            return f"killed by {self.signal.name}"
+        return f"exit status {self.exitcode}"
+
+    def describe(self) -> str:
+        how = "stopped" if self.expected else "died"
+        text = f"worker {self.name!r} (pid {self.pid}) {how}: {self.status}"
+        if self.reason:
+            text += f" ({self.reason})"
+        if self.slots_reclaimed:
+            text += f"; {self.slots_reclaimed} slot(s) reclaimed"
+        if self.swept:
+            text += f"; swept {len(self.swept)} /dev/shm name(s)"
+        return text
+
+
+@dataclass(frozen=True)
+class WorkerRestarting:
+    """The supervisor will restart a worker after ``delay`` seconds."""
+
+    name: str
+    attempt: int  # restarts of this worker within the policy window, this one included
+    delay: float
+    at: float
+
+    def describe(self) -> str:
+        return f"restarting worker {self.name!r} in {self.delay:.2f} s (restart #{self.attempt})"
+
+
+@dataclass(frozen=True)
+class TopologyStopping:
+    """The topology is stopping (``force``: workers are killed, not drained)."""
+
+    reason: str
+    force: bool
+    at: float
+
+    def describe(self) -> str:
+        return f"stopping{' (forced)' if self.force else ''}: {self.reason}"
+
+
+WorkerEvent = Union[WorkerReady, WorkerExit, WorkerRestarting, TopologyStopping]
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class RuntimeFailure(ringwire.RingwireError):
+    """Base of the runtime's errors."""
+
+
+class WorkerStartError(RuntimeFailure):
+    """A worker did not become ready (``exit`` says how its process ended)."""
+
+    def __init__(self, message: str, exit: WorkerExit | None = None) -> None:
+        super().__init__(message)
+        self.exit = exit
+
+
+class WorkerGone(RuntimeFailure):
+    """A worker has no channel and will not get one (stopped, or given up on)."""

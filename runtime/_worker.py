@@ -1,0 +1,264 @@
+"""The worker side: what runs inside a spawned worker process.
+
+The supervisor starts ``main(launch, end, ctrl)`` with the ``spawn`` start method.  It
+
+1. ignores SIGINT (a Ctrl-C in a terminal reaches the whole process group; the
+   supervisor decides how its workers stop),
+2. imports the entry function (``"package.module:function"``),
+3. runs ``anyio.run`` on the chosen backend: connects its end of the front channel,
+   tells the supervisor it is ready (at once, or when the entry calls
+   :meth:`WorkerContext.ready`), and awaits ``entry(ctx)``,
+4. closes the channel cleanly when the entry returns (the front then receives
+   everything the worker sent, followed by ``EndOfStream``).
+
+The control pipe (a ``multiprocessing`` pipe, msgpack messages, no pickle) carries
+``ready`` / ``error`` to the supervisor and ``stop`` / ``cancel`` to the worker.  End of
+file on it means the supervisor is gone: the worker cancels its entry and exits, so a
+killed supervisor leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import anyio
+import msgspec
+
+import ringwire
+
+__all__ = [
+    "EXIT_ENTRY_FAILED",
+    "EXIT_OK",
+    "EXIT_ORPHANED",
+    "EXIT_START_FAILED",
+    "WorkerContext",
+    "resolve_entry",
+]
+
+EXIT_OK = 0
+EXIT_ENTRY_FAILED = 1  # the entry function raised
+EXIT_START_FAILED = 2  # import, channel or backend setup failed
+EXIT_ORPHANED = 3  # the supervisor went away
+
+_msg_encoder = msgspec.msgpack.Encoder()
+_msg_decoder = msgspec.msgpack.Decoder(dict)
+
+
+def send_msg(conn: Connection, **msg: Any) -> None:
+    """One control message (a small msgpack map; never pickle)."""
+    conn.send_bytes(_msg_encoder.encode(msg))
+
+
+def recv_msg(conn: Connection) -> dict[str, Any]:
+    """The next control message (raises ``EOFError`` at end of file)."""
+    data = conn.recv_bytes(1 << 20)
+    try:
+        return _msg_decoder.decode(data)
+    except msgspec.DecodeError:
+        return {"kind": "garbage"}
+
+
+def resolve_entry(entry: str) -> Callable[[WorkerContext], Awaitable[Any]]:
+    """Import ``"package.module:function"`` (``function`` may be dotted)."""
+    module_name, sep, attr = entry.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"entry must look like 'package.module:function', not {entry!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"entry {entry!r} is not callable")
+    return obj
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything a worker process needs to start (a spawn argument)."""
+
+    name: str
+    entry: str
+    incarnation: int
+    options: bytes  # ringwire-encoded mapping
+    slots: ringwire.SlotConfig | None
+    spin_us: float
+    connect_timeout: float
+    auto_ready: bool
+    backend: str
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    fast_exit: bool = True
+
+
+class WorkerContext:
+    """What a worker's entry function gets.
+
+    ``name``
+        the worker's name in the topology.
+    ``incarnation``
+        0 for the first process of this worker, 1 after its first restart, ...
+    ``channel``
+        the :class:`ringwire.Channel` to the front (the supervising process).  When the
+        topology stops gracefully the front sends end-of-stream: ``async for`` over the
+        channel ends after the last request, so a loop that answers every request it
+        receives drains naturally.  The runtime closes the channel after the entry
+        returns.
+    ``options``
+        the worker's ``options`` mapping, as declared in the topology.
+    ``stopping``
+        an :class:`anyio.Event` set when the supervisor asks the worker to stop (for
+        workers that do not read the channel until its end).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        incarnation: int,
+        channel: ringwire.Channel,
+        options: dict[str, Any],
+        stopping: anyio.Event,
+        ctrl: Connection,
+    ) -> None:
+        self.name = name
+        self.incarnation = incarnation
+        self.channel = channel
+        self.options = options
+        self.stopping = stopping
+        self._ctrl = ctrl
+        self._ready = False
+
+    def __repr__(self) -> str:
+        return f"<WorkerContext {self.name!r} incarnation {self.incarnation} pid {os.getpid()}>"
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    def ready(self) -> None:
+        """Tell the supervisor this worker is ready (idempotent).  Called for you before
+        the entry starts unless the worker was declared with ``ready="explicit"``."""
+        if not self._ready:
+            self._ready = True
+            send_msg(self._ctrl, kind="ready")
+
+
+def main(launch: Launch, end: ringwire.PairEnd, ctrl: Connection) -> None:
+    """The worker process's target (spawned by the supervisor)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        entry = resolve_entry(launch.entry)
+        options = ringwire.decode(launch.options)
+        if not isinstance(options, dict):
+            raise TypeError("worker options must be a mapping")
+    except BaseException:
+        _report(ctrl, launch, "could not load the entry")
+        end.close()
+        sys.exit(EXIT_START_FAILED)
+    try:
+        code = anyio.run(
+            _amain,
+            launch,
+            entry,
+            options,
+            end,
+            ctrl,
+            backend=launch.backend,
+            backend_options=launch.backend_options or None,
+        )
+    except BaseException:
+        _report(ctrl, launch, "crashed")
+        code = EXIT_START_FAILED
+    finally:
+        end.close()
+    if launch.fast_exit:
+        _fast_exit(code)
+    sys.exit(code)
+
+
+def _fast_exit(code: int) -> None:
+    """Exit without the interpreter's teardown (clearing every module and a final
+    garbage collection: half a second with torch loaded), after doing what a normal exit
+    of a ``multiprocessing`` child does that matters: multiprocessing's finalizers and
+    children, ``atexit`` handlers, flushing stdio."""
+    try:
+        from multiprocessing import util
+
+        util._exit_function()  # type: ignore[attr-defined]  # as multiprocessing's bootstrap
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _report(ctrl: Connection, launch: Launch, what: str) -> None:
+    text = traceback.format_exc()
+    print(f"ringwire worker {launch.name!r} (pid {os.getpid()}) {what}:\n{text}", file=sys.stderr)
+    try:
+        send_msg(ctrl, kind="error", text=text)
+    except OSError:
+        pass
+
+
+async def _amain(
+    launch: Launch,
+    entry: Callable[[WorkerContext], Awaitable[Any]],
+    options: dict[str, Any],
+    end: ringwire.PairEnd,
+    ctrl: Connection,
+) -> int:
+    stopping = anyio.Event()
+    code = EXIT_OK
+    try:
+        chan = await end.connect(
+            slots=launch.slots, spin_us=launch.spin_us, timeout=launch.connect_timeout
+        )
+    except Exception:
+        _report(ctrl, launch, "could not connect its channel")
+        return EXIT_START_FAILED
+    entry_scope = anyio.CancelScope()
+    orphaned = False
+
+    async def control() -> None:
+        nonlocal orphaned
+        while True:
+            await anyio.wait_readable(ctrl.fileno())
+            try:
+                msg = recv_msg(ctrl)
+            except (EOFError, OSError):
+                orphaned = True  # the supervisor is gone: do not outlive it
+                entry_scope.cancel()
+                return
+            kind = msg.get("kind")
+            if kind == "stop":
+                stopping.set()
+            elif kind == "cancel":
+                stopping.set()
+                entry_scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(control)
+            ctx = WorkerContext(launch.name, launch.incarnation, chan, options, stopping, ctrl)
+            with entry_scope:
+                try:
+                    if launch.auto_ready:
+                        ctx.ready()
+                    await entry(ctx)
+                except Exception:
+                    _report(ctrl, launch, "failed")
+                    code = EXIT_ENTRY_FAILED
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await chan.aclose()
+    if orphaned:
+        return EXIT_ORPHANED
+    return code
