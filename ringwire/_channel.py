@@ -167,6 +167,7 @@ _UNSET: Any = object()
 _YIELD_EVERY = 32  # async fast paths yield to the event loop at least this often
 _MIN_SPIN_NS = 2_000  # the adaptive spin budget never drops below this
 _SPIN_YIELD_NS = 20_000  # a spinning endpoint calls sched_yield() this often
+_SPIN_PROBE = 16  # after this many spins in a row time out, try the full budget again
 _LOAN_TICK = 0.05  # a sender waiting for a slot re-checks this often while loans are out
 
 
@@ -515,6 +516,7 @@ class _ChannelBase:
         self.protocol_version = est.version
         self.name = name
         self._spin_ns = self._spin_cur = int(max(0.0, float(spin_us)) * 1000)
+        self._spin_misses = 0
         self._eof = False  # EOF (or reset) seen on the control socket
         self._tx_blocked = False  # closed, broken, EOF, or send_eof: sends go the slow way
         self._broken: BaseException | None = None
@@ -998,8 +1000,11 @@ class _ChannelBase:
         to ``spin_us``; one that times out halves it, down to :data:`_MIN_SPIN_NS`.  So
         an endpoint whose peer answers within the budget stays hot, and one whose peer
         is slow -- or descheduled, on an oversubscribed machine -- soon parks at once
-        instead of burning a core.  A long spin yields the CPU now and then, in case
-        the peer is waiting for this very core.
+        instead of burning a core.  Every :data:`_SPIN_PROBE` timed-out spins in a row,
+        the next one gets the full budget again: a collapsed budget could otherwise never
+        grow back, because a 2 us spin almost never succeeds even against a peer that
+        answers in 20 us.  A long spin yields the CPU now and then, in case the peer is
+        waiting for this very core.
         """
         spin = self._spin_cur
         if not spin:
@@ -1010,6 +1015,7 @@ class _ChannelBase:
         next_yield = now + _SPIN_YIELD_NS
         while True:
             if ready(*args):
+                self._spin_misses = 0
                 if spin < self._spin_ns:
                     self._spin_cur = min(self._spin_ns, 2 * spin)
                 return True
@@ -1019,7 +1025,11 @@ class _ChannelBase:
             if now >= next_yield:
                 os.sched_yield()
                 next_yield = now + _SPIN_YIELD_NS
-        self._spin_cur = max(min(_MIN_SPIN_NS, self._spin_ns), spin // 2)
+        self._spin_misses += 1
+        if self._spin_misses % _SPIN_PROBE == 0:
+            self._spin_cur = self._spin_ns
+        else:
+            self._spin_cur = max(min(_MIN_SPIN_NS, self._spin_ns), spin // 2)
         return False
 
     # -- closing ----------------------------------------------------------------------------

@@ -1206,3 +1206,26 @@ def test_listener_sweeps_names_of_client_dead_before_hello(tmp_path):
             assert p.exitcode == 0
 
     anyio.run(main)
+
+
+def test_spin_budget_collapses_under_a_slow_peer_and_recovers():
+    """A spin that times out halves the budget (a slow peer costs little CPU); after
+    a run of timeouts the full budget is tried again, so a peer that became fast is
+    caught hot again instead of paying a doorbell per message forever."""
+    from ringwire._channel import _MIN_SPIN_NS, _SPIN_PROBE
+
+    a, b = sync_pair(capacity=SMALL, spin_us=40)
+    with a, b:
+        full = b._spin_ns
+        assert full == 40_000
+        for _ in range(6):
+            assert not b._spin(lambda: False)
+        assert b._spin_cur == _MIN_SPIN_NS
+        for _ in range(_SPIN_PROBE - 7):
+            b._spin(lambda: False)
+        assert b._spin_cur == _MIN_SPIN_NS
+        b._spin(lambda: False)  # the 16th miss in a row: the next spin probes at full
+        assert b._spin_cur == full
+        ticks = iter(range(1000))
+        assert b._spin(lambda: next(ticks) > 3)  # the peer answers while we spin
+        assert b._spin_cur == full and b._spin_misses == 0
