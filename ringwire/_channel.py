@@ -563,6 +563,23 @@ class _ChannelBase:
 
     # -- slots: safe points, encoding with placement -----------------------------------------
 
+    def _loan_now(self, pool: SendPool, spec: Any, policy: str) -> Any:
+        """One loan attempt shared by the async and blocking :meth:`loan`: the loaned
+        array, the inline fallback, or ``None`` (wait for a slot); raises when waiting
+        is pointless."""
+        self._check_send()
+        self._slot_safe_point()
+        arr = pool.loan(*spec)
+        if arr is not None:
+            return arr
+        if policy == "inline":
+            return pool.loan_fallback(*spec)
+        if policy == "error" or pool.futile():
+            raise SlotsExhausted(
+                f"no free slot for a {spec[-1]}-byte loan (pool: {pool.config.describe()})"
+            )
+        return None
+
     def _slot_safe_point(self) -> None:
         """Push releases queued by finalizers; process the peer's releases (and our
         dropped loans); reclaim the pool if the peer is gone.  Never blocks."""
@@ -1394,17 +1411,9 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
         policy = check_policy(slot_policy) or pool.config.policy
         deadline: float | None = _UNSET
         while True:
-            self._check_send()
-            self._slot_safe_point()
-            arr = pool.loan(*spec)
+            arr = self._loan_now(pool, spec, policy)
             if arr is not None:
                 return arr
-            if policy == "inline":
-                return pool.loan_fallback(*spec)
-            if policy == "error" or pool.futile():
-                raise SlotsExhausted(
-                    f"no free slot for a {spec[-1]}-byte loan (pool: {pool.config.describe()})"
-                )
             if deadline is _UNSET:
                 deadline = self._slot_deadline()
             await self._wait_slot(spec[-1], deadline)
@@ -1831,17 +1840,9 @@ class SyncChannel(_ChannelBase):
         deadline = self._deadline(timeout)
         slot_deadline: float | None = _UNSET
         while True:
-            self._check_send()
-            self._slot_safe_point()
-            arr = pool.loan(*spec)
+            arr = self._loan_now(pool, spec, policy)
             if arr is not None:
                 return arr
-            if policy == "inline":
-                return pool.loan_fallback(*spec)
-            if policy == "error" or pool.futile():
-                raise SlotsExhausted(
-                    f"no free slot for a {spec[-1]}-byte loan (pool: {pool.config.describe()})"
-                )
             if slot_deadline is _UNSET:
                 slot_deadline = self._slot_deadline()
             self._wait_slot(spec[-1], deadline, slot_deadline)
