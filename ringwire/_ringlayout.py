@@ -279,7 +279,17 @@ def check_ring(buf: Any, offset: int, capacity: int) -> None:
 class _Lane:
     """What both ends share: views of the header and data area."""
 
-    __slots__ = ("_q", "header", "_data", "_d32", "capacity", "_mask", "max_payload")
+    __slots__ = (
+        "_q",
+        "header",
+        "_data",
+        "_d32",
+        "capacity",
+        "_mask",
+        "max_payload",
+        "_park_seq",
+        "_rung",
+    )
 
     def __init__(self, buf: Any, offset: int = 0) -> None:
         q = _header(buf, offset)
@@ -306,6 +316,8 @@ class _Lane:
         self.capacity = cap
         self._mask = cap - 1
         self.max_payload = max_payload(cap)
+        self._park_seq = 0  # this end's park count (written to its parked flag)
+        self._rung = 0  # the peer's last park we rang a doorbell for
 
     def release(self) -> None:
         """Drop the views (so the underlying mmap can be closed)."""
@@ -321,6 +333,37 @@ class _Lane:
     def reader_closed(self) -> bool:
         return self._q[_RCLOSED] != 0
 
+    # The eventcount is the same on both ends, mirrored: each end has its own parked
+    # and closed flags and watches the other end's parked flag.  Subclasses name them.
+    _OWN_PARKED: int
+    _PEER_PARKED: int
+    _OWN_CLOSED: int
+
+    def _peer_needs_doorbell(self) -> bool:
+        _acquire()  # fence(), inlined: this runs once per record
+        _release()
+        seq = self._q[self._PEER_PARKED]
+        if seq and seq != self._rung:
+            self._rung = seq
+            return True
+        return False
+
+    def park(self) -> None:
+        """Announce that this end is about to wait (the caller re-checks after)."""
+        self._park_seq += 1
+        self._q[self._OWN_PARKED] = self._park_seq
+        fence()
+
+    def unpark(self) -> None:
+        self._q[self._OWN_PARKED] = 0
+
+    def close(self) -> None:
+        """Mark this end finished (a writer: after its last publish; a reader: it will
+        consume no more, so the writer's sends fail)."""
+        fence()
+        self._q[self._OWN_CLOSED] = 1
+        fence()
+
     def used(self) -> int:
         """Bytes published and not yet consumed (a snapshot)."""
         return self._q[_TAIL] - self._q[_HEAD]
@@ -329,14 +372,13 @@ class _Lane:
 class RingWriter(_Lane):
     """The writing end of one ring lane.  Not thread-safe: one writer at a time."""
 
-    __slots__ = ("_tail", "_head_cache", "_park_seq", "_rung")
+    __slots__ = ("_tail", "_head_cache")
+    _OWN_PARKED, _PEER_PARKED, _OWN_CLOSED = _WPARKED, _RPARKED, _WCLOSED
 
     def __init__(self, buf: Any, offset: int = 0) -> None:
         super().__init__(buf, offset)
         self._tail = self._q[_TAIL]
         self._head_cache = self._q[_HEAD]
-        self._park_seq = 0
-        self._rung = 0
 
     def _space_for(self, need: int) -> int:
         """Bytes a ``need``-byte frame takes at the current tail (wrap waste included),
@@ -462,31 +504,10 @@ class RingWriter(_Lane):
 
     # -- eventcount: the writer's side ---------------------------------------------------
 
-    def reader_needs_doorbell(self) -> bool:
-        """After publishing: fence, then ``True`` if the reader is parked and was not
-        rung for this park yet (the caller then sends one doorbell byte)."""
-        _acquire()  # fence(), inlined: this runs once per record
-        _release()
-        seq = self._q[_RPARKED]
-        if seq and seq != self._rung:
-            self._rung = seq
-            return True
-        return False
-
-    def park(self) -> None:
-        """Announce that the writer is about to wait for space (caller re-checks after)."""
-        self._park_seq += 1
-        self._q[_WPARKED] = self._park_seq
-        fence()
-
-    def unpark(self) -> None:
-        self._q[_WPARKED] = 0
-
-    def close(self) -> None:
-        """Mark the lane finished from the writer's side (after the last publish)."""
-        fence()
-        self._q[_WCLOSED] = 1
-        fence()
+    # After publishing: fence, then True if the reader is parked and was not rung for
+    # this park yet (the caller then sends one doorbell byte).  An alias, not a wrapper:
+    # it runs once per record.
+    reader_needs_doorbell = _Lane._peer_needs_doorbell
 
     def reader_wants_doorbell_for_close(self) -> bool:
         """Like :meth:`reader_needs_doorbell` but rings even if this park was rung."""
@@ -502,14 +523,13 @@ class RingReader(_Lane):
     the space back to the writer.  Decode every view before committing.
     """
 
-    __slots__ = ("_head", "_committed", "_tail_cache", "_park_seq", "_rung")
+    __slots__ = ("_head", "_committed", "_tail_cache")
+    _OWN_PARKED, _PEER_PARKED, _OWN_CLOSED = _RPARKED, _WPARKED, _RCLOSED
 
     def __init__(self, buf: Any, offset: int = 0) -> None:
         super().__init__(buf, offset)
         self._head = self._committed = self._q[_HEAD]
         self._tail_cache = self._q[_TAIL]
-        self._park_seq = 0
-        self._rung = 0
 
     def available(self) -> bool:
         """Is there an unread frame (published, and beyond the private head)?"""
@@ -639,31 +659,9 @@ class RingReader(_Lane):
 
     # -- eventcount: the reader's side ---------------------------------------------------
 
-    def writer_needs_doorbell(self) -> bool:
-        """After :meth:`commit`: fence, then ``True`` if the writer is parked waiting
-        for space and was not rung for this park yet."""
-        _acquire()  # fence(), inlined: this runs once per record
-        _release()
-        seq = self._q[_WPARKED]
-        if seq and seq != self._rung:
-            self._rung = seq
-            return True
-        return False
-
-    def park(self) -> None:
-        """Announce that the reader is about to wait (the caller re-checks after)."""
-        self._park_seq += 1
-        self._q[_RPARKED] = self._park_seq
-        fence()
-
-    def unpark(self) -> None:
-        self._q[_RPARKED] = 0
-
-    def close(self) -> None:
-        """Mark that this reader will consume no more (the writer's sends then fail)."""
-        fence()
-        self._q[_RCLOSED] = 1
-        fence()
+    # After commit(): fence, then True if the writer is parked waiting for space and was
+    # not rung for this park yet.
+    writer_needs_doorbell = _Lane._peer_needs_doorbell
 
     def fill(self) -> int:
         """Bytes published and not committed."""
