@@ -3,11 +3,17 @@ processes exactly as it found them.
 
 The check is autouse, so a test that leaks fails even if its own asserts pass.
 Leaked child processes are killed (so one leak does not cascade) and reported.
+
+Two suites may run side by side on one machine (a developer's run next to a benchmark
+or a second checkout).  So that they do not blame each other: each session gets its
+own ``TMPDIR`` (inherited by every child), and a ``/dev/shm`` name whose creator pid is
+alive but outside this session's process tree is somebody else's and is ignored.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -18,14 +24,45 @@ from pathlib import Path
 
 import pytest
 
+from ringwire._segment import is_segment_name, name_pid
+
 SHM_DIR = Path("/dev/shm")
+
+# A private temporary directory for this session and every process it starts.
+_SESSION_TMP = tempfile.mkdtemp(prefix="rwtest-")
+os.environ["TMPDIR"] = _SESSION_TMP
+tempfile.tempdir = None  # forget the cached default so gettempdir() reads TMPDIR again
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0
+    return int(data[data.rfind(b")") + 2 :].split()[1])
+
+
+def _foreign(name: str) -> bool:
+    """Was ``name`` made by a live process outside this session's process tree?"""
+    if not is_segment_name("/" + name):
+        return False
+    pid, me = name_pid("/" + name), os.getpid()
+    for _ in range(64):
+        if pid == me:
+            return False
+        if pid <= 1:
+            break
+        pid = _parent(pid)
+    return os.path.exists(f"/proc/{name_pid('/' + name)}")
 
 
 def _shm_names() -> set[str]:
     try:
-        return set(os.listdir(SHM_DIR))
+        names = os.listdir(SHM_DIR)
     except FileNotFoundError:  # pragma: no cover - non-Linux
         return set()
+    return {n for n in names if not _foreign(n)}
 
 
 def _socket_files(roots: list[Path]) -> set[str]:
@@ -89,10 +126,12 @@ def _wait_until(pred, timeout: float) -> bool:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _resource_tracker_running() -> None:
+def _resource_tracker_running() -> Iterator[None]:
     """'spawn' starts multiprocessing's resource tracker (a long-lived child) on first
     use; start it before the per-test child-process accounting begins."""
     resource_tracker.ensure_running()
+    yield
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -131,3 +170,21 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         problems.append(f"child processes left running (killed now): {sorted(leaked_kids)}")
     if problems:
         pytest.fail("resource leak: " + "; ".join(problems), pytrace=False)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="also run the long modes (tests marked 'slow': soak, chaos, load, fuzz)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--long") or os.environ.get("RINGWIRE_LONG") == "1":
+        return
+    skip = pytest.mark.skip(reason="long mode: run with --long (or RINGWIRE_LONG=1)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
