@@ -104,6 +104,7 @@ from ._control import (
     choose_version,
     validate_hello,
 )
+from ._cuda import CudaNeed
 from ._errors import DecodeError, RingwireError
 from ._ringlayout import (
     MAX_CAPACITY,
@@ -195,10 +196,17 @@ class ChannelStatistics:
     loans_outstanding: int = 0
     inline_fallbacks: int = 0
     slots_reclaimed: int = 0
+    # this side's GPU pools (CUDA tensors sent by reference, Ext 5)
+    cuda_pools: list[int] = field(default_factory=list)  # devices with a pool
+    cuda_slots_in_use: int = 0
+    cuda_slots_free: dict[str, dict[int, int]] = field(default_factory=dict)  # device -> ...
+    cuda_staged: int = 0  # CUDA tensors sent through host slots (SlotConfig(cuda="stage"))
     # the receive side (slots the peer lent us)
     slot_arrays_received: int = 0
     slot_arrays_held: int = 0
     releases_pending: int = 0
+    cuda_tensors_received: int = 0
+    cuda_pools_opened: int = 0  # the peer's GPU pools mapped here (once per device)
 
 
 @dataclass(frozen=True)
@@ -574,9 +582,9 @@ class _ChannelBase:
             return arr
         if policy == "inline":
             return pool.loan_fallback(*spec)
-        if policy == "error" or pool.futile():
+        if policy == "error" or pool.futile(spec[-1]):
             raise SlotsExhausted(
-                f"no free slot for a {spec[-1]}-byte loan (pool: {pool.config.describe()})"
+                f"no free slot for a loan of {spec[-1]} bytes (pool: {pool.config.describe()})"
             )
         return None
 
@@ -619,7 +627,7 @@ class _ChannelBase:
             raise
         return payload, pool.end()
 
-    def _slot_wait_ready(self, nbytes: int) -> bool:
+    def _slot_wait_ready(self, nbytes: int | CudaNeed) -> bool:
         """Should a sender waiting for a slot stop waiting?"""
         pool = self._pool
         assert pool is not None
@@ -633,7 +641,7 @@ class _ChannelBase:
             or pool.can_allocate(nbytes)
         )
 
-    def _check_slot_wait(self, nbytes: int) -> bool:
+    def _check_slot_wait(self, nbytes: int | CudaNeed) -> bool:
         """Before waiting for a slot: ``True`` if one is free now; raises if waiting
         is pointless (the connection is gone, or no slot is in use at all)."""
         self._check_send()
@@ -642,7 +650,7 @@ class _ChannelBase:
         assert pool is not None
         if pool.can_allocate(nbytes):
             return True
-        if pool.futile():
+        if pool.futile(nbytes):
             raise SlotsExhausted(f"no slot can hold {nbytes} bytes ({pool.config.describe()})")
         return False
 
@@ -653,7 +661,7 @@ class _ChannelBase:
 
     def _encode_batch(
         self, items: Sequence[Any], start: int, policy: str | None
-    ) -> tuple[list[bytes], list[Placed], int | None]:
+    ) -> tuple[list[bytes], list[Placed], int | CudaNeed | None]:
         """Encode ``items[start:]`` until one needs a slot that is not free (policy
         "wait"): the payloads so far, their slots, and the bytes that one needs."""
         pool = self._pool
@@ -679,7 +687,7 @@ class _ChannelBase:
         t = pool.config.wait_timeout if pool is not None else None
         return None if t is None else time.monotonic() + t
 
-    def _slot_timeout(self, nbytes: int) -> SlotsExhausted:
+    def _slot_timeout(self, nbytes: int | CudaNeed) -> SlotsExhausted:
         assert self._pool is not None
         return SlotsExhausted(
             f"no slot for {nbytes} bytes was released within {self._pool.config.wait_timeout} s "
@@ -737,6 +745,8 @@ class _ChannelBase:
             out["slot_arrays_received"] = peer.received
             out["slot_arrays_held"] = len(peer.held)
             out["releases_pending"] = len(peer.queue)
+            out["cuda_tensors_received"] = peer.cuda_received
+            out["cuda_pools_opened"] = peer.cuda_opens
         return out
 
     def _ring(self, byte: bytes) -> None:
@@ -1351,7 +1361,7 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
         await self._maybe_yield()
         return placed
 
-    async def _wait_slot(self, nbytes: int, deadline: float | None) -> None:
+    async def _wait_slot(self, nbytes: int | CudaNeed, deadline: float | None) -> None:
         """Wait until a slot for ``nbytes`` is free (policy "wait")."""
         pool = self._pool
         assert pool is not None
@@ -1397,17 +1407,30 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
                 pool.unpark()
 
     async def loan(
-        self, shape: Sequence[int], dtype: Any, *, slot_policy: str | None = None
+        self,
+        shape: Sequence[int],
+        dtype: Any,
+        *,
+        device: Any = None,
+        slot_policy: str | None = None,
     ) -> Any:
         """A writable numpy array (``dtype`` a numpy dtype) or torch tensor (``dtype`` a
         ``torch.dtype``) of ``shape`` that lives inside a free slot: fill it in place
         and send it -- nothing is copied.  Send it once; do not touch it after.  A loan
         dropped without being sent returns its slot.
 
+        ``device`` (a CUDA device, torch dtypes only): the tensor lives in this side's
+        GPU pool for that device; write it on the current stream (or synchronise)
+        before sending -- the send records the slot's event on the current stream.
+
         When no slot is free the policy applies (``"inline"`` returns an ordinary
-        private array instead)."""
+        private array instead).
+
+        Raises :class:`SlotsExhausted` (policy ``"error"``, a timeout, or a pool that
+        can never free a slot), ``ValueError``/``TypeError`` for a bad shape, dtype or
+        device, and what :meth:`send` raises for a closed or broken connection."""
         pool = self._require_pool()
-        spec = loan_spec(shape, dtype)
+        spec = loan_spec(shape, dtype, device)
         policy = check_policy(slot_policy) or pool.config.policy
         deadline: float | None = _UNSET
         while True:
@@ -1782,7 +1805,9 @@ class SyncChannel(_ChannelBase):
                 pool.abort(placed)
         return placed
 
-    def _wait_slot(self, nbytes: int, deadline: float | None, slot_deadline: float | None) -> None:
+    def _wait_slot(
+        self, nbytes: int | CudaNeed, deadline: float | None, slot_deadline: float | None
+    ) -> None:
         pool = self._pool
         assert pool is not None
         while not self._check_slot_wait(nbytes):
@@ -1831,11 +1856,12 @@ class SyncChannel(_ChannelBase):
         dtype: Any,
         *,
         timeout: float | None = None,
+        device: Any = None,
         slot_policy: str | None = None,
     ) -> Any:
         """Blocking :meth:`Channel.loan` (waits up to ``timeout`` seconds for a slot)."""
         pool = self._require_pool()
-        spec = loan_spec(shape, dtype)
+        spec = loan_spec(shape, dtype, device)
         policy = check_policy(slot_policy) or pool.config.policy
         deadline = self._deadline(timeout)
         slot_deadline: float | None = _UNSET
@@ -2107,6 +2133,18 @@ async def _sweep_when_dead(pid: int, patience: float = 2.0) -> None:
         if time.monotonic() > deadline:
             return  # alive after all: it can unlink its own names
         await anyio.sleep(0.01)
+    sweep()
+
+
+def _sweep_when_dead_sync(pid: int, patience: float = 0.1) -> None:
+    """Blocking :func:`_sweep_when_dead`, with a short patience: a client whose socket
+    closed because it died is gone within milliseconds (one still alive can unlink its
+    own names)."""
+    deadline = time.monotonic() + patience
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
     sweep()
 
 
@@ -2458,6 +2496,7 @@ class SyncListener:
                 _poll_fd(self._sock.fileno(), select.POLLIN, left)
                 continue
             conn_sock.setblocking(False)
+            pid: int | None = None
             try:
                 pid = check_peer(conn_sock)
                 hs_deadline = time.monotonic() + self._handshake_timeout
@@ -2468,6 +2507,8 @@ class SyncListener:
                 conn_sock.close()
                 self.refused += 1
                 logger.warning("ringwire listener %s refused a connection: %s", self.path, exc)
+                if getattr(exc, "before_hello", False) and pid is not None:
+                    _sweep_when_dead_sync(pid)  # as Listener does: its names are unknown
                 continue
             except BaseException:
                 conn_sock.close()

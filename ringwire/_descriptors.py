@@ -80,7 +80,9 @@ class CudaRef(msgspec.Struct, array_like=True, frozen=True):
 
     ``event`` is the interprocess CUDA event handle recorded after the producer's
     writes (empty when the producer synchronised instead).  ``kind`` is always
-    ``"torch"``.
+    ``"torch"``.  ``pool_handle`` announces the pool (its exported IPC handle, size and
+    slot classes, msgpack): the consumer opens the pool the first time it sees its id
+    and ignores the announcement afterwards.
     """
 
     version: int
@@ -94,6 +96,7 @@ class CudaRef(msgspec.Struct, array_like=True, frozen=True):
     dtype: str
     event: Annotated[bytes, msgspec.Meta(max_length=256)] = b""
     kind: Literal["torch"] = "torch"
+    pool_handle: Annotated[bytes, msgspec.Meta(max_length=4096)] = b""
 
     def validate(self) -> CudaRef:
         _check_nbytes(self)

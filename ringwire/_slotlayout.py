@@ -57,6 +57,7 @@ __all__ = [
     "SlotRefused",
     "check_ref",
     "init_pool",
+    "plan_pool",
     "pool_size",
     "read_pool",
     "slot_state",
@@ -129,16 +130,25 @@ def _plan(classes: Sequence[SlotClass]) -> tuple[list[int], list[int], int, int]
     return offsets, capacities, data_offset, _align(pos, 4096)
 
 
+plan_pool = _plan
+"""``(offsets, capacities, data_offset, data_size)`` of a pool of these classes."""
+
+
 def pool_size(classes: Sequence[SlotClass]) -> int:
     """Bytes a pool of these slot classes occupies."""
     _, _, data_offset, data_size = _plan(classes)
     return data_offset + data_size
 
 
-def init_pool(buf: Any, classes: Sequence[SlotClass], pool_id: int | None = None) -> PoolLayout:
-    """Write an empty pool (every slot FREE, generation 0) at the start of ``buf``."""
+def init_pool(
+    buf: Any, classes: Sequence[SlotClass], pool_id: int | None = None, *, table_only: bool = False
+) -> PoolLayout:
+    """Write an empty pool (every slot FREE, generation 0) at the start of ``buf``.
+
+    ``table_only``: ``buf`` holds only the header and slot table (the data area is
+    elsewhere, e.g. on a GPU, at the same offsets)."""
     offsets, capacities, data_offset, data_size = _plan(classes)
-    if len(buf) < data_offset + data_size:
+    if len(buf) < (data_offset if table_only else data_offset + data_size):
         raise ValueError(
             f"buffer of {len(buf)} bytes is smaller than the pool's {data_offset + data_size}"
         )

@@ -114,6 +114,17 @@ import msgspec
 import numpy as np
 
 from . import _ext as X
+from ._cuda import (
+    CudaNeed,
+    CudaSendPool,
+    OpenedCudaPool,
+    ReleaseThread,
+    cuda_backend,
+    cuda_nbytes,
+    cuda_pool_id,
+    cuda_tag,
+    split_tag,
+)
 from ._descriptors import KIND_NUMPY, KIND_TORCH, CudaRef, SlotRef, decode_descriptor
 from ._dtypes import (
     numpy_dtype_from_wire,
@@ -144,6 +155,7 @@ from ._slotlayout import (
     PoolLayout,
     SlotAllocator,
     SlotClass,
+    SlotRefused,
     check_ref,
     init_pool,
     pool_size,
@@ -204,6 +216,16 @@ class SlotConfig:
     ``copy_out``
         the *receiving* side's choice: copy every received slot array into private
         memory and release the slot at once (no finalizers; arrays are writable).
+    ``cuda``
+        what to do with CUDA tensors of at least ``cuda_threshold`` bytes: ``"ipc"``
+        sends them by reference into this side's GPU pool for their device (Ext 5; the
+        consumer gets a view on the same device, no host copy); ``"stage"`` copies them
+        to the host and sends them like CPU tensors (for a consumer without a GPU).
+        Smaller CUDA tensors travel inline (through the host) and are restored on
+        their device.
+    ``cuda_classes``
+        the slot classes of each GPU pool (allocated on the device the first time a
+        tensor of that device is sent; default 16 x 1 MiB, 8 x 16 MiB, 2 x 128 MiB).
     """
 
     classes: tuple[SlotClass, ...] = (
@@ -215,6 +237,13 @@ class SlotConfig:
     policy: Policy = "wait"
     copy_out: bool = False
     wait_timeout: float | None = None
+    cuda: Literal["ipc", "stage"] = "ipc"
+    cuda_threshold: int = 64 * _KiB
+    cuda_classes: tuple[SlotClass, ...] = (
+        SlotClass(1 * _MiB, 16),
+        SlotClass(16 * _MiB, 8),
+        SlotClass(128 * _MiB, 2),
+    )
 
     def __post_init__(self) -> None:
         classes = tuple(self.classes)
@@ -228,6 +257,17 @@ class SlotConfig:
         if self.wait_timeout is not None and not self.wait_timeout >= 0:
             raise ValueError("wait_timeout must be None or >= 0")
         pool_size(classes)  # checks the slot count
+        if self.cuda not in ("ipc", "stage"):
+            raise ValueError(f"cuda must be 'ipc' or 'stage', not {self.cuda!r}")
+        if not isinstance(self.cuda_threshold, int) or self.cuda_threshold < 0:
+            raise ValueError(
+                f"cuda_threshold must be a non-negative int, not {self.cuda_threshold!r}"
+            )
+        cuda_classes = tuple(self.cuda_classes)
+        if not cuda_classes or not all(isinstance(c, SlotClass) for c in cuda_classes):
+            raise ValueError("SlotConfig.cuda_classes must be a non-empty sequence of SlotClass")
+        object.__setattr__(self, "cuda_classes", cuda_classes)
+        pool_size(cuda_classes)
 
     @property
     def pool_bytes(self) -> int:
@@ -235,7 +275,7 @@ class SlotConfig:
         return pool_size(self.classes) + ring_size(RELEASE_CAPACITY)
 
     def describe(self) -> str:
-        return ", ".join(f"{c.count} x {_human(c.size)}" for c in self.classes)
+        return _describe(self.classes)
 
 
 DEFAULT_SLOTS = SlotConfig()
@@ -252,6 +292,10 @@ def resolve_config(slots: SlotConfig | None) -> SlotConfig | None:
     if slots is not None and not isinstance(slots, SlotConfig):
         raise TypeError(f"slots must be a SlotConfig or None, not {type(slots).__name__}")
     return slots
+
+
+def _describe(classes: Sequence[SlotClass]) -> str:
+    return ", ".join(f"{c.count} x {_human(c.size)}" for c in classes)
 
 
 def _human(n: int) -> str:
@@ -299,7 +343,7 @@ def _address(buf: Any) -> int:
 class _NeedSlot(Exception):
     """Internal: policy "wait" found no free slot; the send path waits and retries."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int | CudaNeed) -> None:
         super().__init__(nbytes)
         self.nbytes = nbytes
 
@@ -344,6 +388,8 @@ class SendPool:
         self.releases_received = 0
         self.inline_fallbacks = 0
         self.reclaimed = 0
+        self.cuda_pools: dict[int, CudaSendPool] = {}  # device -> GPU pool (made on first use)
+        self.cuda_staged = 0
 
     # -- queries ----------------------------------------------------------------------
 
@@ -357,7 +403,32 @@ class SendPool:
             "releases_received": self.releases_received,
             "loans_outstanding": len(self._loans),
             "inline_fallbacks": self.inline_fallbacks,
+            **self._cuda_statistics(),
         }
+
+    def _cuda_statistics(self) -> dict[str, Any]:
+        if not self.cuda_pools and not self.cuda_staged:
+            return {}
+        pools = self.cuda_pools.values()
+        return {
+            "cuda_pools": sorted(self.cuda_pools),
+            "cuda_slots_in_use": sum(p.alloc.in_use() for p in pools),
+            "cuda_slots_free": {
+                f"cuda:{d}": p.alloc.free_by_size() for d, p in self.cuda_pools.items()
+            },
+            "cuda_staged": self.cuda_staged,
+        }
+
+    def _alloc_of(self, tag: int) -> tuple[SlotAllocator, int]:
+        """The allocator and slot index a release-lane slot number names."""
+        split = split_tag(tag)
+        if split is None:
+            return self.alloc, tag
+        device, slot = split
+        pool = self.cuda_pools.get(device)
+        if pool is None or slot >= pool.layout.nslots:
+            raise SlotRefused(f"release of CUDA slot {slot} on cuda:{device}: no such slot")
+        return pool.alloc, slot
 
     def has_work(self) -> bool:
         """Releases or dropped loans are waiting to be processed."""
@@ -365,12 +436,18 @@ class SendPool:
             return False
         return bool(self._loan_returns) or self.reader.available()
 
-    def can_allocate(self, nbytes: int) -> bool:
+    def can_allocate(self, nbytes: int | CudaNeed) -> bool:
+        if isinstance(nbytes, CudaNeed):
+            pool = self.cuda_pools.get(nbytes.device)
+            return pool is None or pool.alloc.can_allocate(nbytes.nbytes)
         return self.alloc.can_allocate(nbytes)
 
     def consumed(self, pairs: Sequence[tuple[int, int]]) -> bool:
-        gen = self.alloc.generation
-        return all(gen(slot) != g for slot, g in pairs)
+        for tag, g in pairs:
+            alloc, slot = self._alloc_of(tag)
+            if alloc.generation(slot) == g:
+                return False
+        return True
 
     # -- placing (the Encoder's placer) -----------------------------------------------
 
@@ -387,17 +464,17 @@ class SendPool:
         if not placed or self.closed:
             return
         with self.lock:
-            alloc = self.alloc
-            for slot, gen, loan in placed:
+            for tag, gen, loan in placed:
+                alloc, slot = self._alloc_of(tag)
                 if alloc.status(slot) != SENT or alloc.generation(slot) != gen:
                     continue  # reclaimed meanwhile (the consumer is gone)
                 if loan:
                     alloc.unsend(slot)
-                    self._loans.add(slot)
+                    self._loans.add(tag)
                 else:
                     alloc.release(slot, gen)
 
-    def place(self, obj: Any) -> SlotRef | None:
+    def place(self, obj: Any) -> SlotRef | CudaRef | None:
         """The Encoder's placer: a :class:`SlotRef` for ``obj`` or ``None`` (inline)."""
         if isinstance(obj, np.ndarray):
             nbytes = obj.nbytes
@@ -415,8 +492,11 @@ class SendPool:
             torch = torch_module()
             if not isinstance(obj, torch.Tensor):
                 return None
+            backend = cuda_backend()
+            if backend is not None and backend.is_device_tensor(obj):
+                return self._place_cuda(obj, backend)
             if obj.device.type != "cpu" or obj.layout != torch.strided:
-                return None  # CUDA is Ext 5's business; sparse tensors get the inline error
+                return None  # other devices inline; sparse tensors get the inline error
             nbytes = obj.numel() * obj.element_size()
             addr = obj.data_ptr()
             if self._lo <= addr < self._hi:
@@ -469,6 +549,120 @@ class SendPool:
         record.append((slot, gen, False))
         return self.alloc.ref(slot, nbytes, obj.shape, wire, kind)
 
+    # -- CUDA tensors (Ext 5) ---------------------------------------------------------
+
+    def _cuda_pool(self, device: int, backend: Any) -> CudaSendPool:
+        pool = self.cuda_pools.get(device)
+        if pool is None:
+            pool = CudaSendPool(
+                backend,
+                device,
+                self.config.cuda_classes,
+                cuda_pool_id(self.layout.pool_id, device),
+            )
+            self.cuda_pools[device] = pool
+        return pool
+
+    def _place_cuda(self, obj: Any, backend: Any) -> SlotRef | CudaRef | None:
+        config = self.config
+        nbytes = cuda_nbytes(obj)
+        if config.cuda == "stage":
+            if nbytes < config.cuda_threshold:
+                return None  # inline through the host, restored on the device
+            self.cuda_staged += 1
+            return self.place(obj.detach().cpu())
+        device = backend.device_index(obj)
+        pool = self.cuda_pools.get(device)
+        addr = obj.data_ptr()
+        record = self._record
+        assert record is not None, "place() outside begin()/end()"
+        if pool is not None and pool.lo <= addr < pool.hi:
+            with self.lock:
+                slot = pool.alloc.slot_at(addr - pool.lo, nbytes)
+                tag = cuda_tag(device, slot) if slot is not None else -1
+                if tag not in self._loans or pool.alloc.status(slot) != LOANED:  # type: ignore[arg-type]
+                    raise SlotMisuse(
+                        "this tensor lives in a slot of the channel's GPU pool that is no "
+                        "longer loaned: a loaned buffer can be sent once, and must not be "
+                        "used after it was sent (loan a new one)"
+                    )
+                if obj.is_contiguous():
+                    assert slot is not None
+                    pool.alloc.mark_sent(slot)
+                    self._loans.discard(tag)
+                    record.append((tag, pool.alloc.generation(slot), True))
+                    return pool.ref(slot, addr - pool.lo, nbytes, obj)
+        if nbytes < config.cuda_threshold:
+            return None
+        if pool is None:
+            with self.lock:
+                pool = self._cuda_pool(device, backend)
+        if nbytes > pool.alloc.largest:
+            if nbytes > self._max_inline:
+                raise FrameTooLarge(
+                    f"a {nbytes}-byte CUDA tensor fits neither a slot of this channel's GPU "
+                    f"pool ({_describe(config.cuda_classes)}) nor the ring (at most "
+                    f"{self._max_inline} bytes per record): configure larger "
+                    "SlotConfig.cuda_classes"
+                )
+            self.inline_fallbacks += 1
+            return None
+        with self.lock:
+            slot = pool.alloc.allocate(nbytes)
+            if slot is None:
+                others = pool.alloc.in_use() - sum(1 for t, _, _ in record if split_tag(t))
+        if slot is None:
+            policy = self._policy
+            if policy == "inline":
+                self.inline_fallbacks += 1
+                return None
+            if others <= 0:
+                raise SlotsExhausted(
+                    "this record needs more CUDA slots than the GPU pool has "
+                    f"({_describe(config.cuda_classes)})"
+                )
+            if policy == "error":
+                raise SlotsExhausted(
+                    f"no free CUDA slot for {nbytes} bytes on cuda:{device} (policy 'error')"
+                )
+            raise _NeedSlot(CudaNeed(device, nbytes))
+        offset = pool.layout.offsets[slot]
+        try:
+            pool.backend.copy_into(pool.memory, offset, obj)
+            with self.lock:
+                pool.alloc.mark_sent(slot)
+                ref = pool.ref(slot, offset, nbytes, obj)
+        except BaseException:
+            with self.lock:
+                pool.alloc.cancel(slot)
+            raise
+        record.append((cuda_tag(device, slot), ref.generation, False))
+        return ref
+
+    def loan_cuda(self, device: int, dtype: Any, shape: tuple[int, ...], nbytes: int) -> Any:
+        """A writable CUDA tensor inside a free slot of the GPU pool for ``device``, or
+        ``None`` if none is free."""
+        backend = cuda_backend()
+        if backend is None:
+            raise RingwireError("CUDA loans need CUDA in this process (torch.cuda is not available)")
+        with self.lock:
+            pool = self._cuda_pool(device, backend)
+            if nbytes > pool.alloc.largest:
+                raise ValueError(
+                    f"a loan of {nbytes} bytes does not fit the GPU pool's largest slot "
+                    f"({_describe(self.config.cuda_classes)})"
+                )
+            slot = pool.alloc.allocate(nbytes)
+            if slot is None:
+                return None
+            tag = cuda_tag(device, slot)
+            self._loans.add(tag)
+            gen = pool.alloc.generation(slot)
+        tensor, keep = pool.loan_view(slot, nbytes, dtype, shape)
+        fin = weakref.finalize(keep, self._loan_returns.append, (tag, gen))
+        fin.atexit = False
+        return tensor
+
     def _copy_in(self, obj: Any, slot: int, nbytes: int) -> None:
         dst = np.frombuffer(self._buf, np.uint8, count=nbytes, offset=self.layout.offsets[slot])
         if isinstance(obj, np.ndarray):
@@ -516,10 +710,12 @@ class SendPool:
     # -- loans ------------------------------------------------------------------------
 
     def loan(
-        self, kind: str, np_dtype: Any, t_dtype: Any, shape: tuple[int, ...], nbytes: int
+        self, kind: str, np_dtype: Any, t_dtype: Any, shape: tuple[int, ...], nbytes: Any
     ) -> Any:
         """A writable array / tensor (see :func:`loan_spec`) inside a free slot, or
         ``None`` if none is free."""
+        if isinstance(nbytes, CudaNeed):
+            return self.loan_cuda(nbytes.device, t_dtype, shape, nbytes.nbytes)
         if nbytes > self.alloc.largest:
             raise ValueError(
                 f"a loan of {nbytes} bytes does not fit the pool's largest slot "
@@ -539,16 +735,21 @@ class SendPool:
         return torch_module().from_numpy(base).view(t_dtype).reshape(shape)
 
     def loan_fallback(
-        self, kind: str, np_dtype: Any, t_dtype: Any, shape: tuple[int, ...], nbytes: int
+        self, kind: str, np_dtype: Any, t_dtype: Any, shape: tuple[int, ...], nbytes: Any
     ) -> Any:
         """Policy "inline": a private array of that shape and dtype."""
         self.inline_fallbacks += 1
+        if isinstance(nbytes, CudaNeed):
+            return cuda_backend().empty(shape, t_dtype, nbytes.device)
         if kind == KIND_NUMPY:
             return np.empty(shape, np_dtype)
         return torch_module().empty(shape, dtype=t_dtype)
 
-    def futile(self) -> bool:
+    def futile(self, need: int | CudaNeed = 0) -> bool:
         """No slot is in use: waiting for a release cannot help."""
+        if isinstance(need, CudaNeed):
+            pool = self.cuda_pools.get(need.device)
+            return pool is None or pool.alloc.in_use() == 0
         return self.alloc.in_use() == 0
 
     # -- releases ---------------------------------------------------------------------
@@ -584,18 +785,23 @@ class SendPool:
                 finally:
                     view.release()
                 for i in range(0, len(vals), 2):
-                    release(vals[i], vals[i + 1])
+                    tag = vals[i]
+                    if tag >> 32:
+                        alloc, slot = self._alloc_of(tag)
+                        alloc.release(slot, vals[i + 1])
+                    else:
+                        release(tag, vals[i + 1])
                     self.releases_received += 1
         finally:
             if reader.pending:
                 reader.commit()
                 ring_back = reader.writer_needs_doorbell()
         returns = self._loan_returns
-        alloc = self.alloc
         while returns:
-            slot, gen = returns.popleft()
-            if slot in self._loans and alloc.generation(slot) == gen:
-                self._loans.discard(slot)
+            tag, gen = returns.popleft()
+            alloc, slot = self._alloc_of(tag)
+            if tag in self._loans and alloc.generation(slot) == gen:
+                self._loans.discard(tag)
                 alloc.cancel(slot)
         return ring_back
 
@@ -613,6 +819,8 @@ class SendPool:
                 pass
             self.gone = True
             n = self.alloc.reclaim_sent(publish=publish)
+            for pool in self.cuda_pools.values():
+                n += pool.alloc.reclaim_sent()
             self.reclaimed += n
             return n
 
@@ -638,18 +846,41 @@ class SendPool:
             self.reader.release()
             seg = self.seg
             self._buf = self.alloc._buf = None
+            for pool in self.cuda_pools.values():
+                pool.close()
         seg.unlink()
         seg.close()
         self.seg = None  # type: ignore[assignment]
 
 
-def loan_spec(shape: Any, dtype: Any) -> tuple[str, Any, Any, tuple[int, ...], int]:
-    """``(kind, numpy dtype, torch dtype, shape, nbytes)`` of a loan request."""
+def loan_spec(
+    shape: Any, dtype: Any, device: Any = None
+) -> tuple[str, Any, Any, tuple[int, ...], int | CudaNeed]:
+    """``(kind, numpy dtype, torch dtype, shape, nbytes)`` of a loan request; for a
+    CUDA ``device``, ``("cuda", device index, torch dtype, shape, CudaNeed)``."""
     if isinstance(shape, int):
         shape = (shape,)
     dims = tuple(operator.index(d) for d in shape)
     if any(d < 0 for d in dims):
         raise ValueError(f"negative dimension in shape {dims}")
+    if device is not None:
+        if not torch_loaded():
+            raise ValueError("a loan on a device needs a torch dtype")
+        torch = torch_module()
+        dev = torch.device(device)
+        if dev.type == "cpu":
+            return loan_spec(dims, dtype)
+        if dev.type != "cuda":
+            raise ValueError(f"loans live in host memory or on a CUDA device, not {dev}")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"a CUDA loan needs a torch dtype, not {dtype!r}")
+        torch_dtype_to_wire(dtype)
+        backend = cuda_backend()
+        if backend is None:
+            raise ValueError(f"{dev} is not available in this process")
+        index = dev.index if dev.index is not None else backend.current_device()
+        need = CudaNeed(int(index), math.prod(dims) * int(dtype.itemsize))
+        return "cuda", need.device, dtype, dims, need
     if torch_loaded():
         torch = torch_module()
         if isinstance(dtype, torch.dtype):
@@ -728,16 +959,22 @@ class RecvPool:
         self._copy_out = copy_out
         self._writer = _ReleaseWriter(seg.buf, layout.total_size)
         self.queue = ReleaseQueue(self._sink, max_batch=self._writer.max_payload // 16)
-        self.held: dict[int, int] = {}  # slot -> generation of every live base
+        self.held: dict[int, int] = {}  # slot (or CUDA tag) -> generation of every live base
         self.resolved: list[tuple[int, int]] | None = None  # refs resolved by the current decode
         self.doorbells = 0
         self.received = 0
+        # CUDA (Ext 5): the producer's GPU pools as mapped here, and the release thread
+        self.cuda_opened: dict[tuple[int, int], OpenedCudaPool] = {}
+        self.cuda_opens = 0
+        self.cuda_received = 0
+        self._cuda_releaser: ReleaseThread | None = None
+        self._cuda_unmapped: dict[int, int] = {}  # tag -> last generation given back unread
 
     # -- resolving (the Decoder's resolver) --------------------------------------------
 
     def resolve(self, ref: SlotRef | CudaRef) -> Any:
         if not isinstance(ref, SlotRef):
-            raise DecodeError("CUDA references (Ext 5) are not supported on this connection")
+            return self._resolve_cuda(ref)
         check_ref(self._buf, self.layout, ref)
         slot, gen = ref.slot, ref.generation
         if self.held.get(slot) == gen:
@@ -778,6 +1015,94 @@ class RecvPool:
             return out
         return torch.from_numpy(base).view(tdtype).reshape(ref.shape)
 
+    def _open_cuda(self, ref: CudaRef, backend: Any) -> OpenedCudaPool:
+        """The producer's GPU pool ``ref`` names, mapped on first use (once per
+        producer and device)."""
+        key = (ref.pool, ref.device)
+        opened = self.cuda_opened.get(key)
+        if opened is not None:
+            return opened
+        if ref.pool != cuda_pool_id(self.layout.pool_id, ref.device):
+            raise DecodeError(
+                f"CUDA reference names pool {ref.pool:#x}, which is not this connection's "
+                f"GPU pool for cuda:{ref.device}"
+            )
+        if ref.device >= backend.device_count():
+            raise DecodeError(
+                f"CUDA reference names cuda:{ref.device}; this process sees "
+                f"{backend.device_count()} device(s)"
+            )
+        if not ref.pool_handle:
+            raise DecodeError("CUDA reference to a pool that was never announced")
+        try:
+            opened = OpenedCudaPool(backend, ref)
+        except DecodeError:
+            raise
+        except Exception as exc:
+            raise DecodeError(f"cannot open the producer's GPU pool: {exc}") from exc
+        self.cuda_opened[key] = opened
+        self.cuda_opens += 1
+        if self._cuda_releaser is None:
+            self._cuda_releaser = ReleaseThread(backend, self.queue.push)
+        return opened
+
+    def _resolve_cuda(self, ref: CudaRef) -> Any:
+        backend = cuda_backend()
+        if backend is None:
+            raise DecodeError(
+                "a CUDA tensor reference (Ext 5) arrived, but this process has no CUDA "
+                "(torch not imported, CPU-only torch, or no device); the producer can "
+                "send CUDA tensors through the host with SlotConfig(cuda='stage')"
+            )
+        opened = self._open_cuda(ref, backend)
+        tag = opened.check(ref, self.held)
+        opened.last_generation[ref.slot] = ref.generation
+        resolved = self.resolved
+        if resolved is not None:
+            resolved.append((tag, ref.generation))
+        device = ref.device
+        try:
+            stream = backend.current_stream(device)
+            if ref.event:
+                backend.wait_event(opened.event(ref.event), stream)
+            tensor, keep = backend.view(
+                opened.memory, ref.offset, ref.nbytes, torch_dtype_from_wire(ref.dtype), ref.shape
+            )
+        except BaseException as exc:
+            self.queue.push(tag, ref.generation)  # valid, but unusable: give it back now
+            if isinstance(exc, Exception) and not isinstance(exc, DecodeError):
+                raise DecodeError(f"cannot map CUDA reference: {exc}") from exc
+            raise
+        self.received += 1
+        self.cuda_received += 1
+        releaser = self._cuda_releaser
+        assert releaser is not None
+        if self._copy_out:
+            out = tensor.clone()
+            del tensor, keep
+            releaser.put(tag, ref.generation, backend.release_event(stream))
+            return out
+        addr = int(tensor.untyped_storage().data_ptr())
+        self.held[tag] = ref.generation
+        fin = weakref.finalize(keep, self._cuda_finalized, tag, ref.generation, addr, stream)
+        fin.atexit = False
+        _HELD[addr] = fin
+        return tensor
+
+    def _cuda_finalized(self, tag: int, gen: int, addr: int, stream: Any) -> None:
+        # runs in any thread, inside GC: dict pops, one event record, a SimpleQueue put
+        _HELD.pop(addr, None)
+        if self.held.get(tag) == gen:
+            self.held.pop(tag, None)
+        releaser = self._cuda_releaser
+        if releaser is None or self.queue.closed:
+            return
+        try:
+            event = releaser._backend.release_event(stream)
+        except Exception:
+            return  # the CUDA context is gone (exit): the producer reclaims on EOF
+        releaser.put(tag, gen, event)
+
     def _finalized(self, slot: int, gen: int, addr: int) -> None:
         # runs in any thread, inside GC: dict pops and a non-blocking push only
         _HELD.pop(addr, None)
@@ -792,6 +1117,26 @@ class RecvPool:
         found: list[tuple[int, int]] = []
 
         def hook(code: int, data: memoryview) -> None:
+            if code == X.CUDA_REF:
+                try:
+                    cref = decode_descriptor(CudaRef, data)
+                    opened = self.cuda_opened.get((cref.pool, cref.device))
+                    if opened is not None:
+                        tag = opened.check(cref, self.held)
+                        opened.last_generation[cref.slot] = cref.generation
+                    else:  # never mapped here (no CUDA, or it failed to open)
+                        if cref.pool != cuda_pool_id(self.layout.pool_id, cref.device):
+                            return None
+                        tag = cuda_tag(cref.device, cref.slot)
+                        if self._cuda_unmapped.get(tag, -1) >= cref.generation:
+                            return None
+                        self._cuda_unmapped[tag] = cref.generation
+                except Exception:
+                    return None
+                if (tag, cref.generation) not in done:
+                    done.add((tag, cref.generation))
+                    found.append((tag, cref.generation))
+                return None
             if code == X.SHM_REF:
                 try:
                     ref = decode_descriptor(SlotRef, data)
@@ -842,6 +1187,8 @@ class RecvPool:
         """Stop releasing (the producer reclaims everything when we disconnect); return
         how many received slot arrays are still alive."""
         self.queue.close(blocking)
+        if self._cuda_releaser is not None:
+            self._cuda_releaser.stop()
         if blocking:
             self._writer.release()
         return len(self.held)
@@ -853,6 +1200,7 @@ class RecvPool:
         if seg is not None:
             self.seg = None  # type: ignore[assignment]
             self._buf = None
+            self.cuda_opened.clear()  # live views keep their pool mapped
             seg.close()
 
 

@@ -87,7 +87,9 @@ GOLDEN = [
             event=b"\x01",
             kind="torch",
         ),
-        "c71c059b010700020300049102a862666c6f61743136c40101a5746f726368",
+        # pool_handle (empty here) was appended as a twelfth field; the
+        # eleven-field form still decodes (test_cudaref_without_pool_handle_decodes)
+        "c71e059c010700020300049102a862666c6f61743136c40101a5746f726368c400",
         id="ext5-cudaref",
     ),
     pytest.param((1, 2), "c70306920102", id="ext6-tuple"),
@@ -97,6 +99,14 @@ GOLDEN = [
     pytest.param(np.dtype("<f4"), "d60aa33c6634", id="ext10-numpy-dtype"),
     pytest.param(np.int64(2), "c70f0b92a33c6938c4080200000000000000", id="ext11-numpy-scalar"),
 ]
+
+
+def test_cudaref_without_pool_handle_decodes() -> None:
+    """The first Ext 5 layout (eleven fields, no pool_handle) is still understood."""
+    wire = bytes.fromhex("c71c059b010700020300049102a862666c6f61743136c40101a5746f726368")
+    ref = Decoder().decode(wire)
+    assert isinstance(ref, CudaRef)
+    assert ref.pool_handle == b"" and ref.dtype == "bfloat16" and ref.event == b"\x01"
 
 
 @pytest.mark.parametrize(("value", "hexbytes"), GOLDEN)

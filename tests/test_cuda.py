@@ -1,0 +1,376 @@
+"""CUDA tensors by reference (Ext 5), on CPU: the protocol through a simulated backend.
+
+Every CUDA call of ringwire goes through a backend object; ``cuda_fake`` simulates one
+(pool memory in a memfd, events that complete on demand).  So these tests drive the
+real pools, references, finalizers, release thread, lanes, reclaim and refusals in CI;
+``test_cuda_gpu.py`` runs the same shapes of test against real CUDA where a GPU exists.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import msgspec
+import numpy as np
+import pytest
+import torch
+from cuda_fake import FakeCudaBackend, install
+from test_slots import SPAWN, apair, spair, spawned
+
+from ringwire._channel import PairEnd, pair
+from ringwire._cuda import (
+    CudaNeed,
+    cuda_backend,
+    cuda_pool_id,
+    cuda_tag,
+    set_cuda_backend,
+    split_tag,
+)
+from ringwire._descriptors import CudaRef
+from ringwire._errors import DecodeError
+from ringwire._slotlayout import SlotClass
+from ringwire._slots import SlotConfig, SlotMisuse, SlotsExhausted, release
+
+from anyio import BrokenResourceError  # isort: skip
+
+KiB, MiB = 1 << 10, 1 << 20
+GPU = SlotConfig(
+    classes=(SlotClass(64 * KiB, 4),),
+    threshold=1024,
+    cuda_threshold=1024,
+    cuda_classes=(SlotClass(64 * KiB, 2), SlotClass(1 * MiB, 1)),
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCudaBackend]:
+    backend = install()
+    try:
+        yield backend
+    finally:
+        set_cuda_backend(None)
+        gc.collect()
+
+
+def cuda_in_use(ch: Any) -> int:
+    return int(ch.statistics().cuda_slots_in_use)  # statistics() is a safe point
+
+
+async def until(pred: Any, timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not pred():
+            await anyio.sleep(0.002)
+
+
+# ======================================================================================
+# pure helpers
+
+
+def test_tags_pool_ids_and_config() -> None:
+    assert split_tag(5) is None
+    assert split_tag(cuda_tag(0, 5)) == (0, 5)
+    assert split_tag(cuda_tag(7, 2**20)) == (7, 2**20)
+    ids = {cuda_pool_id(123, d) for d in range(8)}
+    assert len(ids) == 8 and 123 not in ids
+    assert str(CudaNeed(1, 4096)) == "4096 bytes on cuda:1"
+    with pytest.raises(ValueError, match="cuda"):
+        SlotConfig(cuda="copy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cuda_threshold"):
+        SlotConfig(cuda_threshold=-1)
+    with pytest.raises(ValueError, match="cuda_classes"):
+        SlotConfig(cuda_classes=())
+
+
+def test_no_backend_without_cuda() -> None:
+    """CPU-only torch: no backend, and importing ringwire touched no CUDA."""
+    if torch.cuda.is_available():  # pragma: no cover - GPU machines
+        pytest.skip("this machine has CUDA")
+    set_cuda_backend(None)
+    assert cuda_backend() is None
+
+
+# ======================================================================================
+# sending and receiving
+
+
+async def test_cuda_tensors_travel_by_reference_and_the_pool_opens_once(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.float16):
+            x = fake.tensor(torch.arange(4096).to(dtype))
+            await a.send({"x": x, "note": "hi"})
+            got = await b.receive()
+            assert got["note"] == "hi"
+            y = got["x"]
+            assert y.dtype == dtype and y.shape == x.shape and torch.equal(y, x)
+            assert fake.is_device_tensor(y)  # a view of the pool, "on the device"
+            del got, y
+            gc.collect()
+            await until(lambda: cuda_in_use(a) == 0)
+        assert fake.pools_allocated == 1 and fake.pool_opens == 1  # exported once, opened once
+        assert fake.copies == 5 and fake.waits == 5  # waited on the producer's event each time
+        assert b._peer is not None and b._peer.cuda_opens == 1
+        stats = a.statistics()
+        assert stats.cuda_pools == [0] and stats.releases_received == 5
+
+
+async def test_small_cuda_tensors_go_inline(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        await a.send(fake.tensor(torch.ones(10)))
+        got = await b.receive()
+        assert torch.equal(got, torch.ones(10))
+        assert fake.pools_allocated == 0
+
+
+async def test_release_waits_for_the_consumers_event(fake) -> None:
+    """The slot is acknowledged only once the consumer's release event completed."""
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        await a.send(fake.tensor(torch.ones(4096)))
+        y = await b.receive()
+        assert cuda_in_use(a) == 1
+        fake.gate.clear()  # the consumer's "kernels" are still running
+        del y
+        gc.collect()
+        await until(lambda: fake.release_events == 1)
+        await anyio.sleep(0.05)
+        assert cuda_in_use(a) == 1 and fake.synchronized == 0
+        fake.gate.set()
+        await until(lambda: cuda_in_use(a) == 0)
+        assert fake.synchronized == 1
+
+
+async def test_explicit_release_and_copy_out(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        await a.send([fake.tensor(torch.ones(4096)), fake.tensor(torch.zeros(4096))])
+        got = await b.receive()
+        assert release(got) == 2
+        await until(lambda: cuda_in_use(a) == 0)
+    c, d = await apair(GPU, SlotConfig(copy_out=True))
+    async with c, d:
+        await c.send(fake.tensor(torch.full((4096,), 3.0)))
+        y = await d.receive()
+        assert not fake.is_device_tensor(y) or True  # a private clone
+        await until(lambda: cuda_in_use(c) == 0)
+        assert torch.equal(y, torch.full((4096,), 3.0))
+
+
+async def test_loans_on_the_device_are_zero_copy(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        x = await a.loan((256, 64), torch.float32, device="cuda:0")
+        assert fake.is_device_tensor(x) and fake.pools_allocated == 1
+        x.fill_(7.0)
+        await a.send({"x": x})
+        with pytest.raises(SlotMisuse):
+            await a.send({"x": x})  # a loan is sent once
+        got = await b.receive()
+        assert torch.equal(got["x"], torch.full((256, 64), 7.0))
+        assert fake.copies == 0
+        del got, x
+        gc.collect()
+        await until(lambda: cuda_in_use(a) == 0)
+        # a loan dropped unsent returns its slot
+        z = await a.loan(1000, torch.int32, device="cuda")
+        del z
+        gc.collect()
+        await until(lambda: cuda_in_use(a) == 0)
+        with pytest.raises(ValueError, match="largest slot"):
+            await a.loan((4 * MiB,), torch.uint8, device="cuda:0")
+        with pytest.raises(TypeError, match="torch dtype"):
+            await a.loan(10, np.float32, device="cuda:0")
+
+
+def test_sync_loans_and_policies(fake) -> None:
+    a, b = spair(GPU, GPU)
+    with a, b:
+        held = []
+        for _ in range(2):  # the two 64 KiB CUDA slots
+            a.send(fake.tensor(torch.ones(8192)))
+            held.append(b.receive(timeout=5))
+        # the 1 MiB slot takes a third small tensor (smallest free that fits)
+        a.send(fake.tensor(torch.ones(8192)))
+        held.append(b.receive(timeout=5))
+        with pytest.raises(SlotsExhausted):
+            a.send(fake.tensor(torch.ones(8192)), slot_policy="error")
+        a.send(fake.tensor(torch.ones(8192)), slot_policy="inline")  # through the host
+        assert torch.equal(b.receive(timeout=5), torch.ones(8192))
+        assert a.statistics().inline_fallbacks == 1
+
+        def drop_later() -> None:
+            time.sleep(0.2)
+            held.pop()
+            gc.collect()
+
+        t = threading.Thread(target=drop_later)
+        t.start()
+        a.send(fake.tensor(torch.full((8192,), 2.0)), timeout=10)  # policy wait
+        t.join()
+        assert torch.equal(b.receive(timeout=5), torch.full((8192,), 2.0))
+        loan = a.loan(100, torch.float32, device="cuda:0", slot_policy="inline")
+        assert loan.shape == (100,)
+        held.clear()
+        del loan
+
+
+async def test_stage_policy_sends_through_host_slots(fake) -> None:
+    cfg = SlotConfig(
+        classes=(SlotClass(64 * KiB, 4),), threshold=1024, cuda="stage", cuda_threshold=1024
+    )
+    a, b = await apair(cfg, cfg)
+    async with a, b:
+        await a.send(fake.tensor(torch.arange(4096)))
+        y = await b.receive()
+        assert torch.equal(y, torch.arange(4096)) and not fake.is_device_tensor(y)
+        assert fake.pools_allocated == 0
+        stats = a.statistics()
+        assert stats.cuda_staged == 1 and stats.slots_in_use == 1
+        del y
+
+
+async def test_without_cuda_the_consumer_refuses_ext5_clearly(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        await a.send(fake.tensor(torch.ones(4096)))
+        set_cuda_backend(None)  # the consumer process has no CUDA
+        with pytest.raises(DecodeError, match="no CUDA"):
+            await b.receive()
+        set_cuda_backend(fake)
+        await until(lambda: cuda_in_use(a) == 0)  # refused, and its slot given back
+
+
+async def test_a_record_dropped_unread_releases_its_cuda_slots(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        await a.send(fake.tensor(torch.ones(4096)))  # opens the pool
+        del_me = await b.receive()
+        del del_me
+        gc.collect()
+        await until(lambda: cuda_in_use(a) == 0)
+        await a.send([fake.tensor(torch.ones(4096)), "x"])
+        with pytest.raises(DecodeError):
+            await b.receive(type=list[int])
+        await until(lambda: cuda_in_use(a) == 0)
+
+
+# ======================================================================================
+# refusals
+
+
+def forged(good: CudaRef, **changes: Any) -> CudaRef:
+    return msgspec.structs.replace(good, **changes)
+
+
+async def test_forged_cuda_references_are_refused(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    c, d = await apair(GPU, GPU)
+    async with a, b, c, d:
+        await a.send(fake.tensor(torch.ones(4096)))
+        held = await b.receive()
+        await c.send(fake.tensor(torch.ones(4096)))
+        other = await d.receive()
+        pool = a._pool.cuda_pools[0]  # type: ignore[union-attr]
+        good = pool.ref(0, pool.layout.offsets[0], 16384, torch.ones(4096))
+        foreign = c._pool.cuda_pools[0]  # type: ignore[union-attr]
+        peer = b._peer
+        assert peer is not None
+        attacks = {
+            "foreign pool": forged(good, pool=foreign.layout.pool_id),
+            "unannounced pool": forged(good, pool=cuda_pool_id(peer.layout.pool_id, 1), device=0),
+            "device out of range": forged(
+                good, device=3, pool=cuda_pool_id(peer.layout.pool_id, 3)
+            ),
+            "bad slot": forged(good, slot=9),
+            "held twice / stale": good,
+            "old generation": forged(good, generation=0, slot=0),
+            "past the slot": forged(good, offset=good.offset + 64 * KiB - 1024),
+            "misaligned": forged(good, offset=good.offset + 2, nbytes=8, shape=(2,)),
+        }
+        for what, ref in attacks.items():
+            with pytest.raises(DecodeError):
+                peer.resolve(ref)
+            assert cuda_in_use(a) == 1, what
+        # an unknown pool with an announcement that does not parse
+        bad = forged(good, pool=cuda_pool_id(peer.layout.pool_id, 0) ^ 1)
+        with pytest.raises(DecodeError, match="not this connection"):
+            peer.resolve(bad)
+        # over the wire: the bad record breaks nothing else
+        await a.send(forged(good, slot=9))
+        with pytest.raises(DecodeError):
+            await b.receive()
+        del held, other
+        gc.collect()
+        await until(lambda: cuda_in_use(a) == 0 and cuda_in_use(c) == 0)
+        await a.send(fake.tensor(torch.full((4096,), 5.0)))
+        assert torch.equal(await b.receive(), torch.full((4096,), 5.0))
+
+
+async def test_forged_cuda_releases_break_only_that_connection(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        await a.send(fake.tensor(torch.ones(4096)))
+        y = await b.receive()
+        peer = b._peer
+        assert peer is not None
+        peer.queue.push(cuda_tag(0, 1), 0)  # a slot never given
+        with pytest.raises(BrokenResourceError):
+            with anyio.fail_after(5):
+                while True:
+                    a.statistics()
+                    await a.send(b"ping")
+                    await anyio.sleep(0.01)
+        del y
+
+
+# ======================================================================================
+# peer death
+
+
+def child_hold_cuda(end: PairEnd, n: int, ready: Any) -> None:
+    install()
+    with end.connect_sync(slots=GPU) as ch:
+        held = [ch.receive(timeout=20) for _ in range(n)]
+        ready.set()
+        time.sleep(60)
+        del held
+
+
+@pytest.mark.multiprocess
+def test_kill_consumer_with_cuda_slots_in_flight_returns_them(fake) -> None:
+    a, b = pair()
+    ready = SPAWN.Event()
+    with spawned(child_hold_cuda, b, 3, ready) as p:
+
+        async def main() -> None:
+            async with await a.connect(slots=GPU, spin_us=0) as ch:
+                for i in range(3):
+                    await ch.send(fake.tensor(torch.full((8192,), float(i))))
+                assert await anyio.to_thread.run_sync(ready.wait, 30)
+                assert cuda_in_use(ch) == 3
+                killed = time.perf_counter()
+                os.kill(p.pid, signal.SIGKILL)
+                with pytest.raises(BrokenResourceError):
+                    with anyio.fail_after(5):
+                        await ch.receive()
+                await until(lambda: ch._pool.cuda_pools[0].alloc.in_use() == 0)  # type: ignore[union-attr]
+                assert time.perf_counter() - killed < 1.0
+                stats = ch.statistics()
+                assert stats.cuda_slots_in_use == 0 and stats.slots_reclaimed == 3
+
+        anyio.run(main)
