@@ -67,8 +67,10 @@ test suite (device memory in a shared-memory segment, events that complete on de
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -77,7 +79,7 @@ import msgspec
 from ._descriptors import CudaRef
 from ._dtypes import torch_dtype_from_wire, torch_dtype_to_wire, torch_loaded, torch_module
 from ._errors import DecodeError
-from ._slotlayout import PoolLayout, SlotAllocator, SlotClass, init_pool, plan_pool
+from ._slotlayout import LOANED, SENT, PoolLayout, SlotAllocator, SlotClass, init_pool, plan_pool
 
 __all__ = [
     "CudaNeed",
@@ -88,6 +90,7 @@ __all__ = [
     "cuda_backend",
     "cuda_pool_id",
     "cuda_tag",
+    "drop_idle_pools",
     "set_cuda_backend",
     "split_tag",
 ]
@@ -237,6 +240,7 @@ class _CudaSpan:
             "shape": (nbytes,),
             "typestr": "|u1",
             "data": (ptr, False),
+            "strides": None,
             "version": 2,
         }
 
@@ -280,6 +284,27 @@ def set_cuda_backend(backend: Any) -> Any:
 
 # -- the producer's GPU pool ----------------------------------------------------------------
 
+# GPU blocks of closed connections that nobody can still be reading (every slot came
+# back, or the consumer died), kept for the next connection of this process instead of
+# being freed: torch frees an exported block only once every importer has dropped it,
+# so a block exported to a consumer that was killed would otherwise stay allocated, in
+# limbo, until this process exits.  Keyed by (backend, device, bytes, slot classes).
+_IDLE: dict[tuple[Any, ...], list[tuple[Any, list[Any], dict[int, tuple[Any, bytes]]]]] = {}
+_IDLE_LOCK = threading.Lock()
+
+# A CUDA IPC handle cannot be opened by the process that exported it: a consumer in the
+# producer's own process (``pair()`` between threads) finds the pool and the events here.
+_LOCAL_POOLS: weakref.WeakValueDictionary[bytes, Any] = weakref.WeakValueDictionary()
+_LOCAL_EVENTS: weakref.WeakValueDictionary[bytes, Any] = weakref.WeakValueDictionary()
+
+
+def drop_idle_pools() -> int:
+    """Free the GPU blocks kept for reuse (see ``_IDLE``); return how many."""
+    with _IDLE_LOCK:
+        n = sum(len(v) for v in _IDLE.values())
+        _IDLE.clear()
+    return n
+
 
 class CudaSendPool:
     """One device's GPU pool on the producer side.  The owning
@@ -299,21 +324,31 @@ class CudaSendPool:
         self.layout: PoolLayout = init_pool(self.table, classes, pool_id, table_only=True)
         self.alloc = SlotAllocator(self.table, self.layout)
         nbytes = -(-(data_offset + data_size) // _POOL_ALIGN) * _POOL_ALIGN
-        self.memory = backend.alloc_pool(device, nbytes)
+        spec = [[c.size, c.count] for c in classes]
+        self._key = (id(backend), device, nbytes, tuple(map(tuple, spec)))
+        with _IDLE_LOCK:
+            idle = _IDLE.get(self._key)
+            reused = idle.pop() if idle else None
+        if reused is not None:
+            self.memory, exported, self._events = reused
+        else:
+            self.memory = backend.alloc_pool(device, nbytes)
+            exported = backend.export_pool(self.memory)  # exported once per block
+            self._events = {}
+        self._exported = exported
         self.lo = backend.address(self.memory)
         self.hi = self.lo + nbytes
-        # exported once; every reference carries it so that the consumer never depends
+        # every reference carries the announcement so that the consumer never depends
         # on having read one particular earlier record
-        self.announcement = msgspec.msgpack.encode(
-            [backend.export_pool(self.memory), nbytes, [[c.size, c.count] for c in classes]]
-        )
-        self._events: dict[int, tuple[Any, bytes]] = {}
+        self.announcement = msgspec.msgpack.encode([exported, nbytes, spec, os.getpid()])
+        _LOCAL_POOLS[self.announcement] = self.memory
 
     def event_for(self, slot: int) -> bytes:
         """Record the slot's interprocess event on the current stream; its handle."""
         entry = self._events.get(slot)
         if entry is None:
             entry = self._events[slot] = self.backend.new_event(self.device)
+            _LOCAL_EVENTS[entry[1]] = entry[0]
         else:
             self.backend.record(entry[0], self.device)
         return entry[1]
@@ -337,8 +372,25 @@ class CudaSendPool:
     def loan_view(self, slot: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
         return self.backend.loan(self.memory, self.layout.offsets[slot], nbytes, dtype, shape)
 
-    def close(self) -> None:
-        self._events.clear()
+    def reusable(self, consumer_gone: bool) -> bool:
+        """Could another connection take the block now?  Not while a loan of ours or a
+        live consumer's view may still touch it."""
+        status = self.alloc.status
+        states = {status(i) for i in range(self.layout.nslots)}
+        return LOANED not in states and (consumer_gone or SENT not in states)
+
+    def close(self, reusable: bool) -> None:
+        """The connection is closed.  ``reusable``: nobody can still read the block
+        (every slot came back, or the consumer is dead), so the next connection of
+        this process may take it; otherwise it is dropped (freed once the consumer's
+        views are gone)."""
+        _LOCAL_POOLS.pop(self.announcement, None)
+        if reusable and self.memory is not None:
+            with _IDLE_LOCK:
+                _IDLE.setdefault(self._key, []).append(
+                    (self.memory, self._exported, self._events)
+                )
+        self._events = {}
         self.memory = None
 
 
@@ -350,7 +402,7 @@ class OpenedCudaPool:
 
     def __init__(self, backend: Any, ref: CudaRef) -> None:
         try:
-            exported, nbytes, classes = msgspec.msgpack.decode(ref.pool_handle)
+            exported, nbytes, classes, pid = msgspec.msgpack.decode(ref.pool_handle)
             layout_classes = [SlotClass(int(size), int(count)) for size, count in classes]
             offsets, capacities, data_offset, data_size = plan_pool(layout_classes)
         except (msgspec.DecodeError, TypeError, ValueError) as exc:
@@ -362,7 +414,9 @@ class OpenedCudaPool:
         self.pool_id = ref.pool
         self.offsets = offsets
         self.capacities = capacities
-        self.memory = backend.open_pool(ref.device, exported, nbytes)
+        local = _LOCAL_POOLS.get(ref.pool_handle) if pid == os.getpid() else None
+        self.local = local is not None
+        self.memory = local if local is not None else backend.open_pool(ref.device, exported, nbytes)
         self.last_generation = [-1] * len(offsets)
         self._events: dict[bytes, Any] = {}
 
@@ -393,6 +447,8 @@ class OpenedCudaPool:
 
     def event(self, handle: bytes) -> Any:
         ev = self._events.get(handle)
+        if ev is None and self.local:
+            ev = _LOCAL_EVENTS.get(handle)
         if ev is None:
             if len(self._events) >= 4 * len(self.offsets):
                 self._events.clear()  # a producer re-creating events: do not grow forever

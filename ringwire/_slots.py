@@ -840,14 +840,19 @@ class SendPool:
         every reference to the mapping, so the last loan to die unmaps it.  The shared
         slot table is left as it is: records we published before closing stay readable
         (their references resolve) until the consumer has read them."""
+        with self.lock:
+            if self.cuda_pools and not (self.gone or self.closed):
+                with contextlib.suppress(RingwireError):
+                    self._poll_locked()  # the releases already on the lane count
+            reusable = {d: p.reusable(self.gone) for d, p in self.cuda_pools.items()}
         self.reclaim(publish=False)
         with self.lock:
             self.closed = True
             self.reader.release()
             seg = self.seg
             self._buf = self.alloc._buf = None
-            for pool in self.cuda_pools.values():
-                pool.close()
+            for device, pool in self.cuda_pools.items():
+                pool.close(reusable[device])
         seg.unlink()
         seg.close()
         self.seg = None  # type: ignore[assignment]

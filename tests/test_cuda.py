@@ -30,6 +30,7 @@ from ringwire._cuda import (
     cuda_backend,
     cuda_pool_id,
     cuda_tag,
+    drop_idle_pools,
     set_cuda_backend,
     split_tag,
 )
@@ -63,6 +64,7 @@ def fake() -> Iterator[FakeCudaBackend]:
         yield backend
     finally:
         set_cuda_backend(None)
+        drop_idle_pools()
         gc.collect()
 
 
@@ -121,11 +123,39 @@ async def test_cuda_tensors_travel_by_reference_and_the_pool_opens_once(fake) ->
             del got, y
             gc.collect()
             await until(lambda: cuda_in_use(a) == 0)
-        assert fake.pools_allocated == 1 and fake.pool_opens == 1  # exported once, opened once
+        # exported once, mapped once (in this process: found locally, as a CUDA IPC
+        # handle cannot be opened by the process that exported it)
+        assert fake.pools_allocated == 1 and fake.pool_opens == 0
         assert fake.copies == 5 and fake.waits == 5  # waited on the producer's event each time
         assert b._peer is not None and b._peer.cuda_opens == 1
         stats = a.statistics()
         assert stats.cuda_pools == [0] and stats.releases_received == 5
+
+
+async def test_a_closed_connections_gpu_block_is_reused_only_when_nobody_reads_it(fake) -> None:
+    for _ in range(3):  # clean closes with every slot back: one block, exported once
+        a, b = await apair(GPU, GPU)
+        async with a, b:
+            await a.send(fake.tensor(torch.ones(4096)))
+            assert torch.equal(await b.receive(), torch.ones(4096))
+            await until(lambda: cuda_in_use(a) == 0)  # noqa: B023
+    assert fake.pools_allocated == 1
+    # a producer that closes while the consumer still reads a view: not reused
+    a, b = await apair(GPU, GPU)
+    await a.send(fake.tensor(torch.full((4096,), 2.0)))
+    y = await b.receive()
+    await a.aclose()
+    c, d = await apair(GPU, GPU)
+    async with c, d:
+        await c.send(fake.tensor(torch.zeros(4096)))
+        assert torch.equal(await d.receive(), torch.zeros(4096))
+        assert fake.pools_allocated == 2
+        assert torch.equal(y, torch.full((4096,), 2.0))  # untouched by the new connection
+        await until(lambda: cuda_in_use(c) == 0)
+    del y
+    gc.collect()
+    await b.aclose()
+    assert drop_idle_pools() == 1  # c's block; a's was dropped, not kept
 
 
 async def test_small_cuda_tensors_go_inline(fake) -> None:
@@ -374,3 +404,36 @@ def test_kill_consumer_with_cuda_slots_in_flight_returns_them(fake) -> None:
                 assert stats.cuda_slots_in_use == 0 and stats.slots_reclaimed == 3
 
         anyio.run(main)
+
+
+def child_consume_cuda(end: PairEnd, n: int, out: Any) -> None:
+    fake = install()
+    with end.connect_sync(slots=GPU) as ch:
+        ok = True
+        for i in range(n):
+            t = ch.receive(timeout=20)
+            ok = ok and torch.equal(t, torch.full((8192,), float(i), dtype=torch.bfloat16))
+            del t
+        ch.receive(timeout=20)  # "bye": the producer has seen every release
+        out.put((ok, fake.pool_opens, fake.event_opens, fake.waits, fake.synchronized))
+
+
+@pytest.mark.multiprocess
+def test_across_processes_the_handle_is_opened_once(fake) -> None:
+    a, b = pair()
+    out = SPAWN.Queue()
+    with spawned(child_consume_cuda, b, 6, out):
+
+        async def main() -> Any:
+            async with await a.connect(slots=GPU) as ch:
+                for i in range(6):
+                    await ch.send(fake.tensor(torch.full((8192,), float(i), dtype=torch.bfloat16)))
+                await until(lambda: cuda_in_use(ch) == 0)
+                await ch.send("bye")
+                return await anyio.to_thread.run_sync(out.get, True, 30)
+
+        ok, opens, event_opens, waits, synced = anyio.run(main)
+    out.close()
+    out.join_thread()
+    assert ok and opens == 1 and waits == 6 and synced == 6
+    assert event_opens <= 3  # one per slot used (the pool has 3), cached after that
