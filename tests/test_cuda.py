@@ -185,6 +185,20 @@ async def test_release_waits_for_the_consumers_event(fake) -> None:
         assert fake.synchronized == 1
 
 
+async def test_receipts_complete_when_the_cuda_slots_come_back(fake) -> None:
+    a, b = await apair(GPU, GPU)
+    async with a, b:
+        receipt = await a.send_tracked({"x": fake.tensor(torch.ones(4096)), "n": 1})
+        got = await b.receive()
+        await anyio.sleep(0.05)
+        assert not receipt.consumed and receipt.slots == 1
+        del got
+        gc.collect()
+        with anyio.fail_after(5):
+            await receipt.wait()
+        assert receipt.consumed
+
+
 async def test_explicit_release_and_copy_out(fake) -> None:
     a, b = await apair(GPU, GPU)
     async with a, b:
