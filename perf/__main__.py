@@ -3,14 +3,18 @@
     python -m perf --quick            # < 3 minutes on a 2-core VM
     python -m perf --full             # the scripts' default modes (the default)
     python -m perf --out DIR          # where to write (default perf/results/)
-    python -m perf --only slots       # a subset (repeatable): codec, transport, slots
+    python -m perf --only slots       # a subset (repeatable): codec, transport, slots, longrun
     python -m perf --report-only      # rebuild report.md and the plots from DIR's JSON
 
 Each benchmark runs as a subprocess ``python -m perf.<name> --json DIR/<name>.json``
 (``--quick`` in quick mode) with a timeout; its output goes to DIR/logs/<name>.log.
 A benchmark that times out is interrupted (SIGINT, so its cleanup runs), then killed
-with its whole process group.  Then DIR/results.json (machine info, versions and
-every benchmark's JSON), DIR/report.md and DIR/*.png are written.
+with its whole process group.  In quick mode the whole suite also has a budget
+(:data:`QUICK_BUDGET_S`): every timeout is cut to what is left of it, and a benchmark
+that would get less than :data:`MIN_SLICE_S` is not started (reported as skipped), so a
+quick run stays under 3 minutes even when something hangs.  Then DIR/results.json
+(machine info, versions and every benchmark's JSON), DIR/report.md and DIR/*.png are
+written.
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ from typing import Any
 from perf import _report
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("codec", "transport", "slots")
-# (expected seconds on a 2-core VM, timeout seconds); the quick timeouts add up to
-# under 3 minutes, so `--quick` is bounded even when something hangs
+BENCHMARKS = ("codec", "transport", "slots", "longrun")
+# (expected seconds on a 2-core VM, timeout seconds)
 EXPECTED = {
-    "quick": {"codec": (13, 40), "transport": (22, 60), "slots": (35, 75)},
-    "full": {"codec": (30, 180), "transport": (85, 360), "slots": (80, 360)},
+    "quick": {"codec": (11, 40), "transport": (55, 110), "slots": (36, 75), "longrun": (4, 30)},
+    "full": {"codec": (30, 180), "transport": (150, 480), "slots": (80, 360), "longrun": (35, 180)},
 }
+# quick mode: the whole suite's wall-clock budget (the report is written after it) and
+# the least time worth starting a benchmark with
+QUICK_BUDGET_S = 170.0
+MIN_SLICE_S = 8.0
 
 
 class _Runner:
@@ -123,10 +130,33 @@ def _run_all(args: argparse.Namespace, out: Path, names: list[str]) -> dict[str,
             for n in names
         }
         progress.start()
+    suite_t0 = time.monotonic()
     try:
         for i, name in enumerate(names, 1):
             expected, timeout = EXPECTED[mode][name]
             timeout = timeout * args.timeout_scale
+            if args.quick and not args.no_budget:
+                left = QUICK_BUDGET_S * args.timeout_scale - (time.monotonic() - suite_t0)
+                if left < MIN_SLICE_S:
+                    why = (
+                        f"not started: {left:.0f} s left of the {QUICK_BUDGET_S:.0f} s quick budget"
+                    )
+                    done[name] = {
+                        "status": "skipped",
+                        "error": why,
+                        "rc": None,
+                        "elapsed_s": 0.0,
+                        "command": ["python", "-m", f"perf.{name}", "--quick"],
+                        "log": None,
+                        "json": None,
+                        "result": None,
+                    }
+                    if fancy:
+                        progress.update(tasks[name], state="[red]skipped", line=why)
+                    else:
+                        print(f"[{i}/{len(names)}] {name}: {why}", flush=True)
+                    continue
+                timeout = min(timeout, left)
             jpath = out / f"{name}.json"
             jpath.unlink(missing_ok=True)
             cmd = [sys.executable, "-m", f"perf.{name}", "--json", str(jpath)]
@@ -144,17 +174,24 @@ def _run_all(args: argparse.Namespace, out: Path, names: list[str]) -> dict[str,
             t0 = time.monotonic()
             r = _Runner(name, cmd, logs / f"{name}.log")
             status, error = "ok", None
-            while r.proc.poll() is None:
-                el = time.monotonic() - t0
-                if el > timeout:
-                    r.stop()
-                    status, error = "timeout", f"killed after {timeout:.0f} s"
-                    break
-                if fancy:
-                    progress.update(
-                        tasks[name], completed=min(el, expected * 0.98), line=r.last_line[:60]
-                    )
-                time.sleep(0.2)
+            try:
+                while r.proc.poll() is None:
+                    el = time.monotonic() - t0
+                    if el > timeout:
+                        r.stop()
+                        status, error = "timeout", f"killed after {timeout:.0f} s"
+                        break
+                    if fancy:
+                        progress.update(
+                            tasks[name], completed=min(el, expected * 0.98), line=r.last_line[:60]
+                        )
+                    time.sleep(0.2)
+            except BaseException:
+                # Ctrl-C reaches only us (the benchmark has its own session): pass it on,
+                # so its cleanup runs, then make sure nothing of its process group is left
+                r.stop()
+                r.finish()
+                raise
             rc = r.proc.wait()
             r.finish()
             el = time.monotonic() - t0
@@ -234,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         help="multiply every per-benchmark timeout by F (slow machines)",
     )
     ap.add_argument("--plain", action="store_true", help="plain progress lines, no bar")
+    ap.add_argument(
+        "--no-budget",
+        action="store_true",
+        help=f"quick mode: no {QUICK_BUDGET_S:.0f} s suite budget (per-benchmark timeouts only)",
+    )
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     ap.add_argument(
         "--report-only",
@@ -285,4 +327,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        print("\ninterrupted: the running benchmark was stopped (its cleanup ran)", file=sys.stderr)
+        raise SystemExit(130) from None

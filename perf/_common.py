@@ -240,6 +240,7 @@ def _thp_mode() -> str | None:
 def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
     """Platform, CPU, allocator-relevant facts (libc, transparent huge pages) and the
     versions of ``packages`` (``None`` when not installed)."""
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

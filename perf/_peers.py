@@ -110,6 +110,53 @@ DEC = msgspec.msgpack.Decoder(Req)
 RECORD_BYTES = len(ENC.encode(make_record(123456)))
 
 
+class Blob(msgspec.Struct, array_like=True):
+    """A 4 KiB record: an id, a sequence number and an opaque 4 KiB-ish payload
+    (a prompt's text, a small embedding, a chunk of a response)."""
+
+    rid: str
+    seq: int
+    data: bytes
+
+
+BLOB_BYTES = 4096
+
+
+def _blob_data_len(total: int) -> int:
+    """The ``data`` length that makes an encoded Blob (any seq < 2**31) ``total`` bytes."""
+    n = total - len(ENC.encode(Blob("req-7f3a9c21-00000", 2**31 - 1, b"")))
+    while n > 0 and len(ENC.encode(Blob("req-7f3a9c21-00000", 2**31 - 1, bytes(n)))) > total:
+        n -= 1
+    return n
+
+
+_BLOB_DATA = bytes(range(256)) * (BLOB_BYTES // 256)
+_BLOB_DATA = _BLOB_DATA[: _blob_data_len(BLOB_BYTES)]
+
+
+def make_blob(seq: int = 0) -> Blob:
+    return Blob(rid="req-7f3a9c21-00000", seq=seq, data=_BLOB_DATA)
+
+
+class RecordKind:
+    """One record shape of the round-trip tables: its msgspec type, a factory and a
+    typed decoder.  ``suffix`` goes into peer names (empty for the 100-byte record)."""
+
+    def __init__(self, size: int, tp: Any, make: Callable[[int], Any], suffix: str) -> None:
+        self.size = size
+        self.type = tp
+        self.make = make
+        self.dec = msgspec.msgpack.Decoder(tp)
+        self.nbytes = len(ENC.encode(make(123456)))
+        self.suffix = suffix
+
+
+KINDS: dict[int, RecordKind] = {
+    100: RecordKind(100, Req, make_record, ""),
+    BLOB_BYTES: RecordKind(BLOB_BYTES, Blob, make_blob, ", 4 KiB"),
+}
+
+
 def _ff_dumps(obj: Any) -> bytes:  # faster-fifo serializer: msgspec instead of pickle
     return ENC.encode(obj)
 
@@ -334,6 +381,10 @@ class Peer:
     def kill_child(self) -> None:
         if self.proc is not None and self.proc.is_alive():
             self.proc.kill()
+
+    def child_pids(self) -> list[int]:
+        """Every child process of this peer (for the CPU-load bookkeeping)."""
+        return [self.proc.pid] if self.proc is not None and self.proc.pid else []
 
 
 def _posix_ipc() -> Any:
@@ -561,9 +612,11 @@ class PipeStreams(Peer):
 # ---- zmq.asyncio PAIR over ipc:// with msgspec
 
 
-def _child_zmq(ctrl: Any, loop_kind: str, addr: str) -> None:
+def _child_zmq(ctrl: Any, loop_kind: str, addr: str, size: int = 100) -> None:
     import zmq
     import zmq.asyncio
+
+    dec = KINDS[size].dec.decode
 
     async def main() -> None:
         zctx = zmq.asyncio.Context()
@@ -573,7 +626,7 @@ def _child_zmq(ctrl: Any, loop_kind: str, addr: str) -> None:
 
         async def serve(n: int) -> None:
             for _ in range(n):
-                rec = DEC.decode(await sock.recv(copy=True))
+                rec = dec(await sock.recv(copy=True))
                 await sock.send(ENC.encode(rec))
 
         try:
@@ -591,10 +644,11 @@ class ZmqAsync(Peer):
     kind = "rt"
     is_async = True
 
-    def __init__(self, loop_kind: str) -> None:
+    def __init__(self, loop_kind: str, size: int = 100) -> None:
         super().__init__()
         self.loop_kind = loop_kind
-        self.name = f"zmq.asyncio PAIR ipc:// [{loop_kind}]"
+        self.kind_ = KINDS[size]
+        self.name = f"zmq.asyncio PAIR ipc://{self.kind_.suffix} [{loop_kind}]"
 
     async def asetup(self) -> None:
         try:
@@ -608,19 +662,20 @@ class ZmqAsync(Peer):
         self.sock = self.zctx.socket(zmq.PAIR)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(addr)
-        self.spawn(_child_zmq, self.loop_kind, addr)
+        self.spawn(_child_zmq, self.loop_kind, addr, self.kind_.size)
         self.ready_info = self.expect("ready")
 
     async def rt_round(self, n: int) -> list[int]:
         sock = self.sock
-        rec = make_record()
+        rec = self.kind_.make(0)
+        dec = self.kind_.dec.decode
         out = []
         self.start_round(n)
         for i in range(n):
             t0 = clock()
             rec.seq = i
             await sock.send(ENC.encode(rec))
-            DEC.decode(await sock.recv(copy=True))
+            dec(await sock.recv(copy=True))
             out.append(clock() - t0)
         return out
 
@@ -791,14 +846,197 @@ class SemPingPong(Peer):
         return out
 
 
+# ---- iceoryx2 publish-subscribe (Python binding), busy-polling subscribers
+
+# iceoryx2 keeps its state in /dev/shm (data segments, connections, a global management
+# segment) and under a root directory (default /tmp/iceoryx2/: node and service files).
+# Every iceoryx2 peer here uses its own file-name prefix and a private root directory,
+# so its names cannot collide with (or be confused with) anyone else's, and cleanup is
+# exact: every /dev/shm/<prefix>* name and the root directory go in close(), even after
+# a child was killed.
+
+
+def _iox2() -> Any:
+    try:
+        import iceoryx2
+    except Exception as e:  # ImportError, or a wheel that needs a newer glibc
+        raise PeerUnavailable(f"iceoryx2 not importable ({type(e).__name__}: {e})") from e
+    iceoryx2.set_log_level(iceoryx2.LogLevel.Error)  # no "no config file" chatter
+    return iceoryx2
+
+
+def _iox2_node(iox2: Any, prefix: str, root: str) -> Any:
+    cfg = iox2.config.default()
+    g = cfg.global_cfg
+    g.prefix = iox2.FileName.new(prefix)
+    g.root_path = iox2.Path.new(root.rstrip("/") + "/")
+    return (
+        iox2.NodeBuilder.new()
+        .config(cfg)
+        # ours are the benchmark's signals: no handler of iceoryx2's for SIGINT/SIGTERM
+        .signal_handling_mode(iox2.SignalHandlingMode.Disabled)
+        .create(iox2.ServiceType.Ipc)
+    )
+
+
+def _iox2_ports(
+    iox2: Any, node: Any, pub_name: str, sub_name: str, max_len: int
+) -> tuple[Any, Any, Any, Any]:
+    import ctypes
+
+    def service(name: str) -> Any:
+        return (
+            node.service_builder(iox2.ServiceName.new(name))
+            .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+            .open_or_create()
+        )
+
+    ps, ss = service(pub_name), service(sub_name)
+    pub = ps.publisher_builder().initial_max_slice_len(max_len).create()
+    sub = ss.subscriber_builder().create()
+    return ps, ss, pub, sub
+
+
+def _iox2_sender(pub: Any) -> Callable[[bytes], None]:
+    """Loan a slice of len(buf) bytes, copy the encoded record in, publish it."""
+    import ctypes
+
+    memmove, loan = ctypes.memmove, pub.loan_slice_uninit
+
+    def send(buf: bytes) -> None:
+        sample = loan(len(buf))
+        memmove(sample.payload_ptr, buf, len(buf))
+        sample.assume_init().send()
+
+    return send
+
+
+def _iox2_receiver(
+    sub: Any, decode: Callable[[Any], Any], alive: Callable[[], bool]
+) -> Callable[[], Any]:
+    """Busy-poll the subscriber; decode straight from the shared-memory sample."""
+    receive = sub.receive
+
+    def recv() -> Any:
+        k = 0
+        while True:
+            sample = receive()
+            if sample is not None:
+                break
+            k += 1
+            if not k & 0xFFFF and not alive():
+                raise PeerFailed("iceoryx2: the other side stopped answering")
+        obj = decode(sample.payload().as_memory_view())
+        sample.delete()  # hand the chunk back now, not at garbage collection
+        return obj
+
+    return recv
+
+
+def _child_iox2(ctrl: Any, prefix: str, root: str, base: str, size: int) -> None:
+    iox2 = _iox2()
+    kind = KINDS[size]
+    node = _iox2_node(iox2, prefix, root)
+    ports = _iox2_ports(iox2, node, base + "/pong", base + "/ping", kind.nbytes + 64)
+    pub, sub = ports[2], ports[3]
+    deadline = [0.0]
+    send = _iox2_sender(pub)
+    recv = _iox2_receiver(sub, kind.dec.decode, lambda: time.monotonic() < deadline[0])
+
+    def serve(n: int) -> None:
+        deadline[0] = time.monotonic() + CHILD_WAIT_S
+        for _ in range(n):
+            send(ENC.encode(recv()))
+
+    try:
+        _serve_rounds(ctrl, serve)
+    finally:
+        sub.delete()
+        pub.delete()
+        del ports, node
+
+
+def iox2_leftovers(prefix: str) -> list[str]:
+    """/dev/shm names that carry ``prefix`` (iceoryx2 segments of one peer)."""
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+    except OSError:
+        return []
+
+
+class Iceoryx2RT(Peer):
+    """iceoryx2 publish-subscribe (``iceoryx2`` Python binding, IPC service type), one
+    service each way with a ``Slice[c_uint8]`` payload: the msgspec-encoded record is
+    copied into a loaned sample and published; the other side busy-polls
+    ``Subscriber.receive()`` and decodes straight from the sample (zero-copy read)."""
+
+    kind = "rt"
+    _count = 0
+
+    def __init__(self, size: int = 100) -> None:
+        super().__init__()
+        self.kind_ = KINDS[size]
+        self.name = f"iceoryx2 pub/sub, busy-poll{self.kind_.suffix}"
+
+    def setup(self) -> None:
+        iox2 = _iox2()
+        Iceoryx2RT._count += 1
+        self.prefix = f"rwperf{os.getpid()}x{Iceoryx2RT._count}_"
+        # cleanups run last-in first-out: ports and node, then stray names, then the root
+        self.root = _tmpdir(self)
+        self.on_cleanup(self._remove_leftovers)
+        base = "rwperf/rt"
+        node = _iox2_node(iox2, self.prefix, self.root)
+        ports = _iox2_ports(iox2, node, base + "/ping", base + "/pong", self.kind_.nbytes + 64)
+        self._iox = [node, *ports]
+        self.on_cleanup(self._drop_ports)
+        self.spawn(_child_iox2, self.prefix, self.root, base, self.kind_.size)
+        self.ready_info = self.expect("ready")
+        self._iox[3].update_connections()  # our publisher learns of the new subscriber
+        self.send = _iox2_sender(self._iox[3])
+        self.recv = _iox2_receiver(self._iox[4], self.kind_.dec.decode, self._alive)
+
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def _drop_ports(self) -> None:
+        for port in self._iox[3:]:
+            with contextlib.suppress(Exception):
+                port.delete()
+        self._iox.clear()
+        self.send = self.recv = None  # type: ignore[assignment]
+        gc.collect()  # the node and services are freed here: their files go with them
+
+    def _remove_leftovers(self) -> None:
+        # a killed child cannot remove its own names: take every one with our prefix
+        for name in iox2_leftovers(self.prefix):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))
+
+    def rt_round(self, n: int) -> list[int]:
+        send, recv = self.send, self.recv
+        rec = self.kind_.make(0)
+        out = []
+        self.start_round(n)
+        for i in range(n):
+            t0 = clock()
+            rec.seq = i
+            send(ENC.encode(rec))
+            recv()
+            out.append(clock() - t0)
+        return out
+
+
 # ---- multiprocessing.Pipe
 
 
-def _child_mppipe(ctrl: Any, conn: Any) -> None:
+def _child_mppipe(ctrl: Any, conn: Any, size: int = 100) -> None:
+    dec = KINDS[size].dec.decode
+
     def serve(n: int) -> None:
         recv, send = conn.recv_bytes, conn.send_bytes
         for _ in range(n):
-            send(ENC.encode(DEC.decode(recv())))
+            send(ENC.encode(dec(recv())))
 
     _serve_rounds(ctrl, serve)
 
@@ -807,20 +1045,25 @@ class MpPipe(Peer):
     """``multiprocessing.Pipe()`` (a socketpair), ``send_bytes``/``recv_bytes`` of
     msgspec-encoded records."""
 
-    name = "multiprocessing.Pipe"
     kind = "rt"
+
+    def __init__(self, size: int = 100) -> None:
+        super().__init__()
+        self.kind_ = KINDS[size]
+        self.name = f"multiprocessing.Pipe{self.kind_.suffix}"
 
     def setup(self) -> None:
         a, b = self.ctx.Pipe()
         self.conn = a
         self.on_cleanup(a.close)
-        self.spawn(_child_mppipe, b)
+        self.spawn(_child_mppipe, b, self.kind_.size)
         b.close()
         self.ready_info = self.expect("ready")
 
     def rt_round(self, n: int) -> list[int]:
         send, recv = self.conn.send_bytes, self.conn.recv_bytes
-        rec = make_record()
+        rec = self.kind_.make(0)
+        dec = self.kind_.dec.decode
         out = []
         self.start_round(n)
         for i in range(n):
@@ -828,7 +1071,7 @@ class MpPipe(Peer):
             rec.seq = i
             send(ENC.encode(rec))
             try:
-                DEC.decode(recv())
+                dec(recv())
             except EOFError:
                 raise PeerFailed("mp.Pipe: child closed") from None
             out.append(clock() - t0)
@@ -855,16 +1098,18 @@ def _unlink_semlocks(*locks: Any) -> None:
     try:
         from multiprocessing import resource_tracker, synchronize, util
 
+        util_: Any = util  # private names: no stubs
+        synchronize_: Any = synchronize
         names = {lk._semlock.name for lk in locks if lk is not None and lk._semlock.name}
-        for fin in list(util._finalizer_registry.values()):
+        for fin in list(util_._finalizer_registry.values()):
             if (
-                getattr(fin, "_callback", None) is synchronize.SemLock._cleanup
+                getattr(fin, "_callback", None) is synchronize_.SemLock._cleanup
                 and fin._args[0] in names
             ):
                 fin.cancel()
         for name in names:
             with contextlib.suppress(FileNotFoundError):
-                synchronize.sem_unlink(name)
+                synchronize_.sem_unlink(name)
             resource_tracker.unregister(name, "semaphore")
     except Exception:  # pragma: no cover - internals moved; the names go at exit anyway
         pass
@@ -877,11 +1122,11 @@ class MpQueueTP(Peer):
     kind = "tp"
 
     def setup(self) -> None:
-        self.q = self.ctx.Queue()
+        self.q: Any = self.ctx.Queue()
         self.on_cleanup(self._close_q)
         self.spawn(_child_mpqueue, self.q)
         self.ready_info = self.expect("ready")
-        _unlink_semlocks(self.q._rlock, self.q._wlock, self.q._sem)
+        _unlink_semlocks(*(getattr(self.q, a) for a in ("_rlock", "_wlock", "_sem")))
 
     def _close_q(self) -> None:
         self.q.close()
@@ -1008,9 +1253,16 @@ HOT_SPIN_US = 2_000_000.0  # "hot": spin up to 2 s before parking -- never parks
 # ---- async round trip
 
 
-def _child_rw_async_rt(ctrl: Any, loop_kind: str, end: Any, spin_us: float) -> None:
+def _slots_kw(pool: bool) -> dict[str, Any]:
+    """``connect`` keywords: the default tensor-slot pool, or none (``slots=None``)."""
+    return {} if pool else {"slots": None}
+
+
+def _child_rw_async_rt(
+    ctrl: Any, loop_kind: str, end: Any, spin_us: float, size: int = 100, pool: bool = True
+) -> None:
     async def main() -> None:
-        chan = await end.connect(type=Req, spin_us=spin_us)
+        chan = await end.connect(type=KINDS[size].type, spin_us=spin_us, **_slots_kw(pool))
         try:
 
             async def serve(n: int) -> dict[str, Any]:
@@ -1049,21 +1301,31 @@ class RingwireAsyncRT(Peer):
     kind = "rt"
     is_async = True
 
-    def __init__(self, loop_kind: str, spin_us: float, label: str) -> None:
+    def __init__(
+        self, loop_kind: str, spin_us: float, label: str, size: int = 100, pool: bool = True
+    ) -> None:
         super().__init__()
         self.loop_kind = loop_kind
         self.spin_us = spin_us
-        self.name = f"ringwire {label} [{loop_kind}]"
+        self.kind_ = KINDS[size]
+        self.pool = pool
+        extra = "" if pool else ", no slot pool"
+        self.name = f"ringwire {label}{extra}{self.kind_.suffix} [{loop_kind}]"
 
     async def asetup(self) -> None:
         a, b = _rw_pair()
-        self.spawn(_child_rw_async_rt, self.loop_kind, b, self.spin_us)
-        self.chan = await a.connect(type=Req, spin_us=self.spin_us, timeout=SETUP_TIMEOUT_S)
+        self.spawn(_child_rw_async_rt, self.loop_kind, b, self.spin_us, self.kind_.size, self.pool)
+        self.chan = await a.connect(
+            type=self.kind_.type,
+            spin_us=self.spin_us,
+            timeout=SETUP_TIMEOUT_S,
+            **_slots_kw(self.pool),
+        )
         self.ready_info = self.expect("ready")
 
     async def rt_round(self, n: int) -> list[int]:
         send, recv = self.chan.send, self.chan.receive
-        rec = make_record()
+        rec = self.kind_.make(0)
         out = []
         self.start_round(n)
         for i in range(n):
@@ -1082,8 +1344,8 @@ class RingwireAsyncRT(Peer):
 # ---- hot (spinning) round trip, blocking API
 
 
-def _child_rw_sync_rt(ctrl: Any, end: Any, spin_us: float) -> None:
-    chan = end.connect_sync(type=Req, spin_us=spin_us, timeout=SETUP_TIMEOUT_S)
+def _child_rw_sync_rt(ctrl: Any, end: Any, spin_us: float, size: int = 100) -> None:
+    chan = end.connect_sync(type=KINDS[size].type, spin_us=spin_us, timeout=SETUP_TIMEOUT_S)
     try:
 
         def serve(n: int) -> dict[str, Any]:
@@ -1103,21 +1365,24 @@ class RingwireSyncRT(Peer):
 
     kind = "rt"
 
-    def __init__(self, spin_us: float, label: str) -> None:
+    def __init__(self, spin_us: float, label: str, size: int = 100) -> None:
         super().__init__()
         self.spin_us = spin_us
-        self.name = f"ringwire {label}"
+        self.kind_ = KINDS[size]
+        self.name = f"ringwire {label}{self.kind_.suffix}"
 
     def setup(self) -> None:
         a, b = _rw_pair()
-        self.spawn(_child_rw_sync_rt, b, self.spin_us)
-        self.chan = a.connect_sync(type=Req, spin_us=self.spin_us, timeout=SETUP_TIMEOUT_S)
+        self.spawn(_child_rw_sync_rt, b, self.spin_us, self.kind_.size)
+        self.chan = a.connect_sync(
+            type=self.kind_.type, spin_us=self.spin_us, timeout=SETUP_TIMEOUT_S
+        )
         self.on_cleanup(self.chan.close)
         self.ready_info = self.expect("ready")
 
     def rt_round(self, n: int) -> list[int]:
         send, recv = self.chan.send, self.chan.receive
-        rec = make_record()
+        rec = self.kind_.make(0)
         out = []
         self.start_round(n)
         for i in range(n):
@@ -1132,9 +1397,11 @@ class RingwireSyncRT(Peer):
 # ---- throughput
 
 
-def _child_rw_tp(ctrl: Any, loop_kind: str | None, end: Any, batch: bool) -> None:
+def _child_rw_tp(
+    ctrl: Any, loop_kind: str | None, end: Any, batch: bool, pool: bool = True
+) -> None:
     if loop_kind is None:  # blocking consumer
-        chan = end.connect_sync(type=Req, timeout=SETUP_TIMEOUT_S)
+        chan = end.connect_sync(type=Req, timeout=SETUP_TIMEOUT_S, **_slots_kw(pool))
         try:
 
             def serve(n: int) -> dict[str, Any]:
@@ -1156,7 +1423,7 @@ def _child_rw_tp(ctrl: Any, loop_kind: str | None, end: Any, batch: bool) -> Non
         return
 
     async def main() -> None:
-        chan = await end.connect(type=Req, timeout=SETUP_TIMEOUT_S)
+        chan = await end.connect(type=Req, timeout=SETUP_TIMEOUT_S, **_slots_kw(pool))
         try:
 
             async def serve(n: int) -> dict[str, Any]:
@@ -1186,26 +1453,27 @@ class RingwireTP(Peer):
 
     kind = "tp"
 
-    def __init__(self, loop_kind: str | None, batch: bool) -> None:
+    def __init__(self, loop_kind: str | None, batch: bool, pool: bool = True) -> None:
         super().__init__()
         self.loop_kind = loop_kind
         self.is_async = loop_kind is not None
         self.batch = batch
+        self.pool = pool
         api = "send_many/receive_many" if batch else "send/receive"
         where = f"async [{loop_kind}]" if loop_kind else "sync"
-        self.name = f"ringwire {where} {api}"
+        self.name = f"ringwire {where} {api}" + ("" if pool else ", no slot pool (info)")
 
     def setup(self) -> None:
         a, b = _rw_pair()
-        self.spawn(_child_rw_tp, None, b, self.batch)
-        self.chan = a.connect_sync(type=Req, timeout=SETUP_TIMEOUT_S)
+        self.spawn(_child_rw_tp, None, b, self.batch, self.pool)
+        self.chan = a.connect_sync(type=Req, timeout=SETUP_TIMEOUT_S, **_slots_kw(self.pool))
         self.on_cleanup(self.chan.close)
         self.ready_info = self.expect("ready")
 
     async def asetup(self) -> None:
         a, b = _rw_pair()
-        self.spawn(_child_rw_tp, self.loop_kind, b, self.batch)
-        self.chan = await a.connect(type=Req, timeout=SETUP_TIMEOUT_S)
+        self.spawn(_child_rw_tp, self.loop_kind, b, self.batch, self.pool)
+        self.chan = await a.connect(type=Req, timeout=SETUP_TIMEOUT_S, **_slots_kw(self.pool))
         self.ready_info = self.expect("ready")
 
     async def aclose_transport(self) -> None:

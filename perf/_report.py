@@ -1,5 +1,6 @@
-"""Merge the JSON of ``perf.codec``, ``perf.transport`` and ``perf.slots`` into one
-results file, a Markdown report and PNG plots.  Used by ``python -m perf``.
+"""Merge the JSON of ``perf.codec``, ``perf.transport``, ``perf.slots`` and
+``perf.longrun`` into one results file, a Markdown report and PNG plots.  Used by
+``python -m perf``.
 
 Only reads the scripts' JSON (the shapes written by their ``--json``); every section
 copes with a benchmark that is missing or failed and says so instead.
@@ -31,6 +32,7 @@ DISTRIBUTIONS = (
     "faster-fifo",
     "uvloop",
     "posix_ipc",
+    "iceoryx2",
     "rich",
     "matplotlib",
 )
@@ -170,35 +172,43 @@ def _transport_rows(t: dict[str, Any]) -> list[list[str]]:
         }
         live = {k: v for k, v in floors.items() if v is not None}
         floor = (min(live, key=lambda k: live[k]), min(live.values())) if live else None
-        for rw_name in ("ringwire parked (spin_us=0)", "ringwire default spin"):
-            if m(rw_name) is None:
-                continue
-            rows.append(
-                _row(
-                    f"async RT µs [{loop}], {rw_name}",
-                    "lower",
-                    m(rw_name),
-                    {"zmq.asyncio PAIR ipc://": m("zmq.asyncio PAIR ipc://")},
-                    floor,
-                    _us,
+        for size in ("", ", 4 KiB"):
+            for rw_name in ("ringwire parked (spin_us=0)", "ringwire default spin"):
+                if m(rw_name + size) is None:
+                    continue
+                rows.append(
+                    _row(
+                        f"async RT µs [{loop}], {rw_name}{size or ', 100 B'}",
+                        "lower",
+                        m(rw_name + size),
+                        {"zmq.asyncio PAIR ipc://": m("zmq.asyncio PAIR ipc://" + size)},
+                        floor,
+                        _us,
+                    )
                 )
-            )
     hot = r.get("hot_rt", {})
     if hot:
-        for rw_name in ("ringwire hot, blocking API", "ringwire hot, async API [asyncio]"):
+        for rw_name, size in (
+            ("ringwire hot, blocking API", ""),
+            ("ringwire hot, async API [asyncio]", ""),
+            ("ringwire hot, blocking API, 4 KiB", ", 4 KiB"),
+        ):
             if rw_name not in hot:
                 continue
+            peers = {
+                "multiprocessing.Pipe": _med(hot.get("multiprocessing.Pipe" + size)),
+                "iceoryx2 pub/sub": _med(hot.get("iceoryx2 pub/sub, busy-poll" + size)),
+            }
+            if not size:
+                peers["posix_ipc semaphore ping-pong"] = _med(
+                    hot.get("posix_ipc semaphore ping-pong")
+                )
             rows.append(
                 _row(
-                    f"hot RT µs, {rw_name.removeprefix('ringwire ')}",
+                    f"hot RT µs, {rw_name.removeprefix('ringwire ')}" + ("" if size else ", 100 B"),
                     "lower",
                     _med(hot.get(rw_name)),
-                    {
-                        "posix_ipc semaphore ping-pong": _med(
-                            hot.get("posix_ipc semaphore ping-pong")
-                        ),
-                        "multiprocessing.Pipe": _med(hot.get("multiprocessing.Pipe")),
-                    },
+                    peers,
                     ("busy-poll shared int64", _med(hot.get("busy-poll shared int64 (floor)"))),
                     _us,
                 )
@@ -228,6 +238,37 @@ def _transport_rows(t: dict[str, Any]) -> list[list[str]]:
                         "faster-fifo put_many/get_many": rps("faster-fifo put_many/get_many"),
                     },
                     ceiling,
+                    _rps,
+                )
+            )
+    fan = r.get("fanin", {})
+    if fan:
+        dec = next((d["median_rps"] for d in fan.values() if not d.get("producers")), None)
+        for k in sorted({d["producers"] for d in fan.values() if d.get("producers")}):
+
+            def best(transport: str, k: int = k) -> tuple[str, float] | None:
+                c = [
+                    (d["peer"], d["median_rps"])
+                    for d in fan.values()
+                    if d.get("producers") == k and d.get("transport") == transport
+                ]
+                return max(c, key=lambda x: x[1]) if c else None
+
+            rw = best("ringwire")
+            if rw is None:
+                continue
+            rows.append(
+                _row(
+                    f"fan-in throughput, {k} producer{'s' * (k > 1)} (best ringwire mode: "
+                    f"{rw[0].removeprefix('ringwire ')})",
+                    "higher",
+                    rw[1],
+                    {
+                        (b[0] if b else t): (b[1] if b else None)
+                        for t in ("multiprocessing.Queue", "faster-fifo", "zmq")
+                        for b in [best(t)]
+                    },
+                    ("decode ceiling", dec),
                     _rps,
                 )
             )
@@ -344,6 +385,7 @@ def write_report(results: dict[str, Any], path: Path, plots: Sequence[Path] = ()
     t = _result(results, "transport")
     s = _result(results, "slots")
     c = _result(results, "codec")
+    lr = _result(results, "longrun")
     if t:
         srows += _transport_rows(t)
     if s:
@@ -356,11 +398,14 @@ def write_report(results: dict[str, Any], path: Path, plots: Sequence[Path] = ()
         w("(no benchmark produced results)")
     w("")
     w(
-        "Peers: async RT zmq.asyncio; hot RT posix_ipc semaphore and multiprocessing.Pipe; "
-        "throughput multiprocessing.Queue and faster-fifo; handoff zmq copy=False and "
+        "Peers: async RT zmq.asyncio (same record size); hot RT posix_ipc semaphore, "
+        "multiprocessing.Pipe and iceoryx2 (same record size); throughput "
+        "multiprocessing.Queue and faster-fifo; fan-in multiprocessing.Queue, faster-fifo "
+        "and zmq PUSH/PULL, each in its best mode; handoff zmq copy=False and "
         "multiprocessing.Queue; codec the naive nested-Ext encoding.  Floors: the fastest "
         "asyncio pipe echo, a busy-polled shared int64, the codec ceiling (encode/decode "
-        "with no transport; ringwire ÷ ceiling ≤ 1), one np.copyto."
+        "with no transport; ringwire ÷ ceiling ≤ 1), the decode ceiling for fan-in (one "
+        "consumer decoding), one np.copyto."
     )
     if plots:
         w("")
@@ -369,7 +414,11 @@ def write_report(results: dict[str, Any], path: Path, plots: Sequence[Path] = ()
         for p in plots:
             w(f"![{p.stem}]({p.name})")
             w("")
-    for name, doc in (("Transport", t), ("Tensor handoff (slots)", s)):
+    for name, doc in (
+        ("Transport", t),
+        ("Tensor handoff (slots)", s),
+        ("Long run (memory, /dev/shm)", lr),
+    ):
         if not doc:
             continue
         w("")
@@ -394,7 +443,11 @@ def write_report(results: dict[str, Any], path: Path, plots: Sequence[Path] = ()
     for n in missing:
         b = results["benchmarks"][n]
         w(f"- {n}: {b['status']} ({b.get('error') or 'see ' + str(b.get('log'))})")
-    w("- throughput vs number of producers: no multi-producer benchmark exists yet.")
+    skipped = (t or {}).get("results", {}).get("hot_rt_skipped") or {}
+    for peer, why in skipped.items():
+        w(f"- {peer}: skipped ({why})")
+    if not missing and not skipped:
+        w("- (everything ran)")
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
@@ -413,7 +466,9 @@ def write_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
     for name, fn in (
         ("slots", _plot_handoff),
         ("transport", _plot_rt),
+        ("transport", _plot_fanin),
         ("codec", _plot_codec),
+        ("longrun", _plot_longrun),
     ):
         doc = _result(results, name)
         if not doc:
@@ -422,6 +477,105 @@ def write_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
         if path is not None:
             written.append(path)
     return written
+
+
+_FAN_STYLE = {  # transport -> (colours, one per mode in order of appearance; marker)
+    "ringwire": (("tab:green", "darkgreen", "limegreen", "olive", "seagreen", "yellowgreen"), "o"),
+    "faster-fifo": (("tab:orange", "darkorange"), "s"),
+    "zmq": (("tab:red", "firebrick"), "D"),
+    "multiprocessing.Queue": (("tab:brown",), "v"),
+}
+
+
+def _plot_fanin(plt: Any, doc: dict[str, Any], out_dir: Path, sub: str) -> Path | None:
+    fan = doc.get("results", {}).get("fanin", {})
+    if not fan:
+        return None
+    series: dict[str, list[tuple[int, float]]] = {}
+    meta: dict[str, tuple[str, bool]] = {}
+    ceiling = None
+    for d in fan.values():
+        if not d.get("producers"):
+            ceiling = d["median_rps"]
+            continue
+        series.setdefault(d["peer"], []).append((d["producers"], d["median_rps"]))
+        meta[d["peer"]] = (d["transport"], bool(d["batch"]))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(12, 6))
+    ks = sorted({k for pts in series.values() for k, _ in pts})
+    shade: dict[str, int] = {}
+    for peer, pts in series.items():
+        transport, batch = meta[peer]
+        colors, marker = _FAN_STYLE.get(transport, (("0.4",), "x"))
+        i = shade[transport] = shade.get(transport, -1) + 1
+        pts.sort()
+        ax.plot(
+            [k for k, _ in pts],
+            [v for _, v in pts],
+            color=colors[i % len(colors)],
+            marker=marker,
+            linestyle="-" if batch else "--",
+            linewidth=2.2 if transport == "ringwire" else 1.4,
+            label=peer,
+        )
+    if ceiling:
+        ax.axhline(ceiling, color="black", linestyle=":", label="decode ceiling (one consumer)")
+    ax.set_yscale("log")
+    ax.set_xticks(ks)
+    ax.set_xlabel("producer processes → one consumer")
+    ax.set_ylabel("records/s, median of the rounds (log; higher is better)")
+    ax.set_title(
+        "Fan-in throughput vs producers, 100-byte records (solid: batched, dashed: per record)"
+        f"\n{sub}",
+        fontsize=10,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    path = out_dir / "throughput_vs_producers.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _plot_longrun(plt: Any, doc: dict[str, Any], out_dir: Path, sub: str) -> Path | None:
+    samples = doc.get("results", {}).get("samples", [])
+    if len(samples) < 2:
+        return None
+    xs = [s["records_sent"] / 1e6 for s in samples]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8.5, 6.5), sharex=True)
+    for who, color in (("producer", "tab:blue"), ("consumer", "tab:green")):
+        for key, style in (("VmRSS", "-"), ("RssAnon", "--"), ("RssShmem", ":")):
+            ys = [(s[who].get(key) or 0) / MiB for s in samples]
+            ax1.plot(xs, ys, color=color, linestyle=style, marker=".", label=f"{who} {key}")
+    ax1.set_ylabel("MiB")
+    ax1.set_ylim(bottom=0)
+    ax1.grid(True, alpha=0.3)
+    ax1.legend(fontsize=7, ncol=2)
+    ax1.set_title("Resident memory of both processes over the run", fontsize=9)
+    ours = [s["shm_ours"]["bytes"] / MiB for s in samples]
+    fs = [(s.get("shm_fs_used") or 0) / MiB for s in samples]
+    after = doc.get("results", {}).get("shm_after", {})
+    before = doc.get("results", {}).get("shm_before", {})
+    ax2.plot(xs, fs, color="0.4", marker=".", label="/dev/shm used (whole machine)")
+    ax2.plot(xs, ours, color="tab:red", marker=".", label="our ringwire names in /dev/shm")
+    if after.get("fs_used") is not None:
+        ax2.axhline(after["fs_used"] / MiB, color="0.4", linestyle="--", label="used after close")
+    if before.get("fs_used") is not None:
+        ax2.axhline(before["fs_used"] / MiB, color="0.7", linestyle=":", label="used before")
+    ax2.set_ylabel("MiB")
+    ax2.set_ylim(bottom=0)
+    ax2.set_xlabel("records sent (millions)")
+    ax2.grid(True, alpha=0.3)
+    ax2.legend(fontsize=7)
+    ax2.set_title("/dev/shm during and after the run", fontsize=9)
+    fig.suptitle(f"Long run: memory and /dev/shm\n{sub}", fontsize=10)
+    fig.tight_layout()
+    path = out_dir / "longrun_memory.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 _LINE_STYLE = {
@@ -526,7 +680,7 @@ def _plot_rt(plt: Any, doc: dict[str, Any], out_dir: Path, sub: str) -> Path | N
         ax.set_title(title, fontsize=9)
         ax.grid(True, axis="x", which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Small-record (100 B msgpack) round trip per peer\n{sub}", fontsize=10)
+    fig.suptitle(f"Round trip per peer (100 B and 4 KiB msgpack records)\n{sub}", fontsize=10)
     fig.tight_layout()
     path = out_dir / "small_record_rt.png"
     fig.savefig(path, dpi=110)

@@ -36,6 +36,7 @@ import numpy as np
 from perf._common import fmt_ms, machine_info, print_table, time_interleaved
 from ringwire import Decoder, Encoder
 
+torch: Any
 try:
     import torch
 except ImportError:  # the torch rows are skipped
@@ -187,7 +188,7 @@ def bench_row(
 
     dst = np.empty_like(raw)
     np.copyto(dst, raw)  # touch the destination pages once, outside the samples
-    raw_mv = memoryview(raw)
+    raw_mv = memoryview(raw)  # type: ignore[arg-type]  # numpy's stubs lack Buffer
 
     peers: dict[str, Callable[[], object]] = {
         "rw_enc": lambda: rw_enc.encode(value),

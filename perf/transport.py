@@ -2,26 +2,30 @@
 
 Run from the repository root::
 
-    python -m perf.transport            # ~1-2 minutes
-    python -m perf.transport --quick    # well under a minute or two
+    python -m perf.transport            # ~3.5 minutes on a 2-core VM
+    python -m perf.transport --quick    # ~1 minute
     python -m perf.transport --json perf/results/transport.json
 
-Every message is the same ~100-byte msgpack record (:class:`perf._peers.Req`), encoded
-and decoded with msgspec on both sides; the peer is a ``spawn`` child process.  Four
-tables:
+Every message is a msgpack record (the ~100-byte :class:`perf._peers.Req`; in the round
+trip tables also the 4 KiB :class:`perf._peers.Blob`), encoded and decoded with msgspec
+on both sides; the peer is a ``spawn`` child process.  Five tables:
 
 * **async round trip** -- both ends parked between messages (the waiting side sleeps in
   the event loop).  Floors: two event loops exchanging one byte over ``os.pipe``
   (``loop.add_reader`` callbacks, and asyncio streams); ``zmq.asyncio`` PAIR over
   ``ipc://``; ringwire with ``spin_us=0`` (parks at once: every message goes through
-  the doorbell) and with its default spin budget.  One column per event loop
-  (asyncio, and uvloop when installed).
+  the doorbell), with its default spin budget, and (information) without a slot pool.
+  One column per event loop (asyncio, and uvloop when installed).
 * **hot round trip** -- spinning readers: two processes busy-polling a shared int64
-  (the floor), a posix_ipc semaphore ping-pong, ``multiprocessing.Pipe``, ringwire's
-  blocking (and async) endpoints with a spin budget longer than a round.
+  (the floor), a posix_ipc semaphore ping-pong, ``multiprocessing.Pipe``, iceoryx2
+  publish-subscribe (when ``import iceoryx2`` works; skipped with the reason otherwise),
+  ringwire's blocking (and async) endpoints with a spin budget longer than a round.
 * **throughput** -- one producer, one consumer, a fixed count of records per round:
   ``multiprocessing.Queue``, faster-fifo (per record, and ``put_many``/``get_many``),
   ringwire per record and with ``send_many``/``receive_many`` (batches of 256).
+* **fan-in** -- k producer processes, one consumer (:mod:`perf._fanin`):
+  ``multiprocessing.Queue``, faster-fifo, zmq PUSH/PULL, ringwire's listener (its
+  ``async for`` fan-in, and one ``receive_many`` task per connection).
 * **idle** -- a parked ringwire consumer's CPU use (``/proc/<pid>/stat``) while nothing
   arrives.
 
@@ -72,6 +76,10 @@ class Config:
     tp_n: int  # records per throughput round
     tp_warm_rounds: int
     idle_s: float
+    fan_n: int = 20_000  # records per fan-in round (split over the producers)
+    fan_rounds: int = 6
+    fan_producers: tuple[int, ...] = (1, 4)
+    fan_uvloop_modes: tuple[str, ...] = ("tasks",)  # ringwire fan-in modes also on uvloop
     round_timeout: float = 60.0
 
 
@@ -79,7 +87,17 @@ class Config:
 # two processes (same core / other core) persists for a while and moves the async
 # numbers by 2x, so every peer should see many placements.
 QUICK = Config(
-    rounds=6, warmup_msgs=100, async_n=500, hot_n=1500, tp_n=30_000, tp_warm_rounds=1, idle_s=3.0
+    rounds=6,
+    warmup_msgs=100,
+    async_n=500,
+    hot_n=1500,
+    tp_n=30_000,
+    tp_warm_rounds=1,
+    idle_s=3.0,
+    fan_n=20_000,
+    fan_rounds=6,
+    fan_producers=(1, 4),
+    fan_uvloop_modes=("tasks",),
 )
 FULL = Config(
     rounds=15,
@@ -89,6 +107,10 @@ FULL = Config(
     tp_n=100_000,
     tp_warm_rounds=1,
     idle_s=10.0,
+    fan_n=60_000,
+    fan_rounds=10,
+    fan_producers=(1, 2, 4),
+    fan_uvloop_modes=("fanin", "fanin_many", "tasks"),
 )
 
 # targets (from the issue)
@@ -124,12 +146,12 @@ def _proc_jiffies(pid: int | None) -> int:
         return 0
 
 
-def load_snapshot(child_pid: int | None) -> tuple[int, int, int] | None:
-    """(machine busy ticks, steal ticks, ticks of this process and ``child_pid``)."""
+def load_snapshot(child_pids: list[int]) -> tuple[int, int, int] | None:
+    """(machine busy ticks, steal ticks, ticks of this process and ``child_pids``)."""
     m = _cpu_jiffies()
     if m is None:
         return None
-    return m[0], m[1], _proc_jiffies(os.getpid()) + _proc_jiffies(child_pid)
+    return m[0], m[1], _proc_jiffies(os.getpid()) + sum(_proc_jiffies(p) for p in child_pids)
 
 
 def log(msg: str) -> None:
@@ -149,6 +171,9 @@ class GroupResult:
     load: dict[str, list[int]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    # name -> sums over measured rounds of the numeric "*_cpu_ns" / "records" fields
+    # of the child's round info (fan-in peers: consumer and producers separately)
+    sums: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class Harness:
@@ -243,14 +268,14 @@ class Harness:
                     p.last_info = None
                     gc.collect()
                     gc.disable()
-                    pid = p.proc.pid if p.proc is not None else None
-                    s0, w0 = load_snapshot(pid), time.monotonic_ns()
+                    pids = p.child_pids()
+                    s0, w0 = load_snapshot(pids), time.monotonic_ns()
                     c0 = time.process_time_ns()
                     try:
                         samples, msgs = one(p)
                     finally:
                         parent_cpu = time.process_time_ns() - c0
-                        s1, w1 = load_snapshot(pid), time.monotonic_ns()
+                        s1, w1 = load_snapshot(pids), time.monotonic_ns()
                         gc.enable()
                     if s0 is not None and s1 is not None:
                         acc_l = out.load.setdefault(p.name, [0, 0, 0])
@@ -261,6 +286,11 @@ class Harness:
                     li = p.last_info or {}
                     if li.get("info") is not None:
                         out.infos[p.name] = li["info"]
+                        if isinstance(li["info"], dict):
+                            acc_s = out.sums.setdefault(p.name, {})
+                            for key, v in li["info"].items():
+                                if key.endswith("_cpu_ns") or key == "records":
+                                    acc_s[key] = acc_s.get(key, 0) + v
                     acc = out.cpu.setdefault(p.name, [0, 0, 0])
                     acc[0] += parent_cpu
                     acc[1] += int(li.get("cpu_ns", 0))
@@ -296,12 +326,15 @@ class Harness:
                 self.stop(p)
         return out
 
-    def tp_group(self, title: str, peers: list[P.Peer]) -> GroupResult:
+    def tp_group(
+        self, title: str, peers: list[P.Peer], n: int | None = None, rounds: int | None = None
+    ) -> GroupResult:
         cfg = self.cfg
         out = GroupResult()
-        n = cfg.tp_n
+        n = n or cfg.tp_n
+        rounds = rounds or cfg.rounds
         log(
-            f"{title}: {len(peers)} peers, {cfg.rounds} rounds (+{cfg.tp_warm_rounds} warm-up) x {n} records"
+            f"{title}: {len(peers)} peers, {rounds} rounds (+{cfg.tp_warm_rounds} warm-up) x {n} records"
         )
         live: list[P.Peer] = []
         try:
@@ -327,7 +360,7 @@ class Harness:
                 ns = self.call(p, "tp_round", n, cfg.round_timeout, timeout=cfg.round_timeout)
                 return [n / (ns / 1e9)], n
 
-            self.interleave(live, cfg.rounds, one, out)
+            self.interleave(live, rounds, one, out)
         finally:
             for p in live:
                 self.stop(p)
@@ -452,6 +485,18 @@ def _stats(samples: list[float]) -> Any:
     return summarize([int(s) for s in samples]) if samples else None
 
 
+SIZE_4K = P.KINDS[P.BLOB_BYTES].suffix  # ", 4 KiB"
+
+
+def _size_of(label: str) -> str:
+    """The record-size suffix of a row label ("" for the 100-byte record)."""
+    return SIZE_4K if label.endswith(SIZE_4K) else ""
+
+
+def _size_word(suffix: str) -> str:
+    return "4 KiB" if suffix else "100 B"
+
+
 def report_async(res: GroupResult, rep: Report) -> None:
     stats = {name: _stats(s) for name, s in res.samples.items() if s}
     rows: dict[str, dict[str, Any]] = {}
@@ -464,28 +509,32 @@ def report_async(res: GroupResult, rep: Report) -> None:
         if kind not in loops:
             loops.append(kind)
     floor: dict[str, float | None] = {}
-    zmq: dict[str, float | None] = {}
+    zmq: dict[tuple[str, str], float | None] = {}  # (loop, size suffix) -> median
     for kind in loops:
         fl = [r[kind].median_ns for lbl, r in rows.items() if "floor" in lbl and kind in r]
         floor[kind] = min(fl) if fl else None
-        z = [r[kind].median_ns for lbl, r in rows.items() if lbl.startswith("zmq") and kind in r]
-        zmq[kind] = z[0] if z else None
-    headers = ["peer"]
+        for lbl, r in rows.items():
+            if lbl.startswith("zmq") and kind in r:
+                zmq.setdefault((kind, _size_of(lbl)), r[kind].median_ns)
+    headers = ["peer", "record"]
     for kind in loops:
         headers += [f"{kind} median µs", "p99 µs", "× floor", "× zmq", "CPU µs/RT", "other load"]
     table = []
-    for label, r in rows.items():
-        row = [label]
+    # 100-byte rows first, then the 4 KiB ones, each in the order they ran
+    for label, r in sorted(rows.items(), key=lambda kv: _size_of(kv[0]) != ""):
+        size = _size_of(label)
+        row = [label.removesuffix(size), _size_word(size) if "floor" not in label else "1 B"]
         for kind in loops:
             st = r.get(kind)
             if st is None:
                 row += ["—"] * 6
                 continue
+            z = zmq.get((kind, size))
             row += [
                 _us(st.median_ns),
                 _us(st.p99_ns),
                 _x(st.median_ns / floor[kind] if floor[kind] else None),
-                _x(st.median_ns / zmq[kind] if zmq[kind] else None),
+                _x(st.median_ns / z if z else None),
                 _cpu_cell(res, names[label, kind]),
                 _other_cell(res, names[label, kind]),
             ]
@@ -494,8 +543,9 @@ def report_async(res: GroupResult, rep: Report) -> None:
         table.append([name + f" — {why.splitlines()[0][:80]}"] + ["—"] * (len(headers) - 1))
     rep.print_table(
         "async_rt",
-        "Async round trip, both ends parked (100-byte record; floor = one byte)",
-        format_table(headers, table),
+        "Async round trip, both ends parked (100-byte and 4 KiB records; floor = one byte; "
+        "× zmq: same record size)",
+        format_table(headers, table, "ll" + "r" * (len(headers) - 2)),
     )
     rep.data["async_rt"] = {
         n: {
@@ -506,38 +556,44 @@ def report_async(res: GroupResult, rep: Report) -> None:
         for n, s in stats.items()
     }
     rep.data["async_rt_infos"] = res.infos
-    for kind in loops:
-        rw = rows.get("ringwire parked (spin_us=0)", {}).get(kind)
-        v = rw.median_ns if rw else None
-        tag = "" if kind == "asyncio" else f" [{kind}]"
-        rf = v / floor[kind] if v and floor[kind] else None
-        rz = v / zmq[kind] if v and zmq[kind] else None
-        rep.target(
-            f"async RT{tag}: ringwire ≤ {T_ASYNC_VS_FLOOR}× asyncio-pipe floor",
-            rf,
-            T_ASYNC_VS_FLOOR,
-            "<=",
-            _x(rf),
-        )
-        rep.target(
-            f"async RT{tag}: ringwire ≤ {T_ASYNC_VS_ZMQ}× zmq.asyncio",
-            rz,
-            T_ASYNC_VS_ZMQ,
-            "<=",
-            _x(rz),
-        )
+    for size in ("", SIZE_4K):
+        for kind in loops:
+            rw = rows.get(f"ringwire parked (spin_us=0){size}", {}).get(kind)
+            v = rw.median_ns if rw else None
+            if size and v is None:
+                continue
+            tag = "" if kind == "asyncio" else f" [{kind}]"
+            info = "(info) " if size else ""
+            what = f"{info}async RT{tag}{' 4 KiB' if size else ''}"
+            rf = v / floor[kind] if v and floor[kind] else None
+            z = zmq.get((kind, size))
+            rz = v / z if v and z else None
+            rep.target(
+                f"{what}: ringwire ≤ {T_ASYNC_VS_FLOOR}× asyncio-pipe floor",
+                rf,
+                T_ASYNC_VS_FLOOR,
+                "<=",
+                _x(rf),
+            )
+            rep.target(
+                f"{what}: ringwire ≤ {T_ASYNC_VS_ZMQ}× zmq.asyncio",
+                rz,
+                T_ASYNC_VS_ZMQ,
+                "<=",
+                _x(rz),
+            )
 
 
 def report_hot(res: GroupResult, rep: Report) -> None:
     stats = {name: _stats(s) for name, s in res.samples.items() if s}
 
-    def med(prefix: str) -> float | None:
+    def med(prefix: str, size: str = "") -> float | None:
         for n, s in stats.items():
-            if n.startswith(prefix):
+            if n.startswith(prefix) and _size_of(n) == size:
                 return s.median_ns
         return None
 
-    floor, pipe = med("busy-poll"), med("multiprocessing.Pipe")
+    floor = med("busy-poll")
     sem = (
         stats["posix_ipc semaphore ping-pong"].median_ns
         if "posix_ipc semaphore ping-pong" in stats
@@ -546,35 +602,43 @@ def report_hot(res: GroupResult, rep: Report) -> None:
     pinned = med("posix_ipc semaphore ping-pong, both pinned")
     headers = [
         "peer",
+        "record",
         "median µs",
         "p99 µs",
         "× busy-poll",
         "× semaphore",
         "× mp.Pipe",
+        "× iceoryx2",
         "CPU µs/RT",
         "other load",
     ]
     table = []
-    for n, s in stats.items():
+    for n, s in sorted(stats.items(), key=lambda kv: _size_of(kv[0]) != ""):
         m = s.median_ns
+        size = _size_of(n)
+        pipe, iox = med("multiprocessing.Pipe", size), med("iceoryx2", size)
+        payload = "none" if n.startswith(("busy-poll", "posix_ipc")) else _size_word(size)
         table.append(
             [
-                n,
+                n.removesuffix(size),
+                payload,
                 _us(m),
                 _us(s.p99_ns),
                 _x(m / floor if floor else None),
                 _x(m / sem if sem else None),
                 _x(m / pipe if pipe else None),
+                _x(m / iox if iox else None),
                 _cpu_cell(res, n),
                 _other_cell(res, n),
             ]
         )
     for name, why in {**res.skipped, **res.failed}.items():
-        table.append([name + f" — {why.splitlines()[0][:80]}"] + ["—"] * 7)
+        table.append([name + f" — {why.splitlines()[0][:100]}"] + ["—"] * (len(headers) - 1))
     rep.print_table(
         "hot_rt",
-        "Hot round trip, spinning readers (floors carry no payload)",
-        format_table(headers, table),
+        "Hot round trip, spinning readers (floors carry no payload; × mp.Pipe and × iceoryx2: "
+        "same record size)",
+        format_table(headers, table, "ll" + "r" * (len(headers) - 2)),
     )
     rep.data["hot_rt"] = {
         n: {
@@ -585,7 +649,9 @@ def report_hot(res: GroupResult, rep: Report) -> None:
         for n, s in stats.items()
     }
     rep.data["hot_rt_infos"] = res.infos
+    rep.data["hot_rt_skipped"] = dict(res.skipped)
     rw = med("ringwire hot, blocking API")
+    pipe = med("multiprocessing.Pipe")
     rs = rw / sem if rw and sem else None
     rp = rw / pipe if rw and pipe else None
     rep.target(
@@ -602,6 +668,27 @@ def report_hot(res: GroupResult, rep: Report) -> None:
         "<=",
         _x(rq),
     )
+    rw4, pipe4 = med("ringwire hot, blocking API", SIZE_4K), med("multiprocessing.Pipe", SIZE_4K)
+    if rw4 and pipe4:
+        r = rw4 / pipe4
+        rep.target(
+            f"(info) hot RT 4 KiB: ringwire ≤ {T_HOT_VS_PIPE}× multiprocessing.Pipe",
+            r,
+            T_HOT_VS_PIPE,
+            "<=",
+            _x(r),
+        )
+    for size in ("", SIZE_4K):
+        rws, iox = med("ringwire hot, blocking API", size), med("iceoryx2", size)
+        if rws and iox:
+            r = rws / iox
+            rep.target(
+                f"(info) hot RT {_size_word(size)}: ringwire ≤ 1× iceoryx2 pub/sub",
+                r,
+                1.0,
+                "<=",
+                _x(r),
+            )
 
 
 def report_tp(res: GroupResult, rep: Report) -> None:
@@ -730,6 +817,134 @@ def report_tp(res: GroupResult, rep: Report) -> None:
     )
 
 
+def _fan_transport(name: str) -> str:
+    for key in ("ringwire", "faster-fifo", "zmq", "multiprocessing.Queue", "decode ceiling"):
+        if name.startswith(key):
+            return key
+    return name
+
+
+def _fan_batch(name: str) -> bool:
+    """Batched on the producer side: send_many, put_many, send_multipart."""
+    return "many" in name or "multipart" in name
+
+
+def report_fanin(res: GroupResult, rep: Report, n: int) -> None:
+    from perf._fanin import rw_name_parts
+
+    med = {name: statistics.median(s) for name, s in res.samples.items() if s}
+    by_k: dict[int, dict[str, float]] = {}
+    for name, v in med.items():
+        _, k = rw_name_parts(name)
+        by_k.setdefault(k, {})[name] = v
+    ceiling = next((v for name, v in med.items() if name.startswith("decode ceiling")), None)
+
+    def pick(k: int, transport: str, batch: bool | None) -> tuple[str, float] | None:
+        """The fastest row of ``transport`` with k producers (in that mode)."""
+        cands = [
+            (name, v)
+            for name, v in by_k.get(k, {}).items()
+            if _fan_transport(name) == transport and (batch is None or _fan_batch(name) == batch)
+        ]
+        return max(cands, key=lambda c: c[1]) if cands else None
+
+    headers = [
+        "peer",
+        "producers",
+        "records/s",
+        "min–max",
+        "× mp.Queue",
+        "× faster-fifo (same mode)",
+        "× zmq (same mode)",
+        "× decode ceiling",
+        "CPU µs/rec consumer + producers",
+        "other load",
+    ]
+    table = []
+    for k in sorted(by_k):
+        for name, v in by_k[k].items():
+            sm = res.samples[name]
+            tr = _fan_transport(name)
+            batch = _fan_batch(name)
+            mpq = pick(k, "multiprocessing.Queue", None)
+            ff = pick(k, "faster-fifo", batch)
+            zq = pick(k, "zmq", batch)
+            sums = res.sums.get(name, {})
+            recs = sums.get("records") or 0
+            cpu = (
+                f"{sums.get('consumer_cpu_ns', 0) / recs / 1000:.2f} + "
+                f"{sums.get('producers_cpu_ns', 0) / recs / 1000:.2f}"
+                if recs
+                else "—"
+            )
+            head, _ = rw_name_parts(name)
+            table.append(
+                [
+                    head if k else name,
+                    str(k) if k else "—",
+                    f"{v:,.0f}",
+                    f"{min(sm):,.0f}–{max(sm):,.0f}",
+                    _x(v / mpq[1] if mpq and tr != "multiprocessing.Queue" and k else None),
+                    _x(v / ff[1] if ff and tr not in ("faster-fifo",) and k else None),
+                    _x(v / zq[1] if zq and tr not in ("zmq",) and k else None),
+                    _x(v / ceiling if ceiling and k else None),
+                    cpu,
+                    _other_cell(res, name),
+                ]
+            )
+    for name, why in {**res.skipped, **res.failed}.items():
+        table.append([name + f" — {why.splitlines()[0][:80]}"] + ["—"] * (len(headers) - 1))
+    rep.print_table(
+        "fanin",
+        f"Fan-in throughput, k producers → one consumer (100-byte records, {n:,} per round "
+        f"split over the producers, batches of {P.BATCH})",
+        format_table(headers, table, "llrrrrrrrr"),
+    )
+    rep.data["fanin"] = {
+        name: {
+            "producers": rw_name_parts(name)[1],
+            "peer": rw_name_parts(name)[0],
+            "transport": _fan_transport(name),
+            "batch": _fan_batch(name),
+            "median_rps": v,
+            "samples_rps": res.samples[name],
+            "cpu_sums": res.sums.get(name),
+            "other_load_cores": _other_load(res, name),
+            "info": res.infos.get(name),
+        }
+        for name, v in med.items()
+    }
+    for k in sorted(kk for kk in by_k if kk):
+        pl = f"{k} producer{'s' * (k > 1)}"
+        rw, ff = pick(k, "ringwire", None), pick(k, "faster-fifo", None)
+        r = rw[1] / ff[1] if rw and ff else None
+        rep.target(
+            f"fan-in, {pl}: ringwire ≥ {T_TP_VS_FF:g}× faster-fifo (each in its best mode)",
+            r,
+            T_TP_VS_FF,
+            ">=",
+            _x(r) + (f" ({rw[1]:,.0f} vs {ff[1]:,.0f}/s)" if rw and ff else ""),
+        )
+        rw1, ff1 = pick(k, "ringwire", False), pick(k, "faster-fifo", False)
+        r = rw1[1] / ff1[1] if rw1 and ff1 else None
+        rep.target(
+            f"(info) fan-in, {pl}: ringwire listener per record ≥ {T_TP_VS_FF:g}× faster-fifo put/get",
+            r,
+            T_TP_VS_FF,
+            ">=",
+            _x(r),
+        )
+        zq = pick(k, "zmq", None)
+        r = rw[1] / zq[1] if rw and zq else None
+        rep.target(
+            f"(info) fan-in, {pl}: ringwire ≥ 1× zmq PUSH/PULL (each in its best mode)",
+            r,
+            1.0,
+            ">=",
+            _x(r),
+        )
+
+
 def report_idle(res: GroupResult, rep: Report, seconds: float) -> None:
     headers = ["consumer", "CPU % of one core", "CPU s", "window s", "parks"]
     table = []
@@ -784,17 +999,17 @@ def _versions() -> dict[str, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer/shorter rounds (< 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="fewer/shorter rounds (~1 minute)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument(
         "--only",
-        choices=["async", "hot", "tp", "idle"],
+        choices=["async", "hot", "tp", "fanin", "idle"],
         action="append",
         help="run only these tables (repeatable)",
     )
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    only = set(args.only or ["async", "hot", "tp", "idle"])
+    only = set(args.only or ["async", "hot", "tp", "fanin", "idle"])
     loops = ["asyncio"] + (["uvloop"] if HAVE_UVLOOP else [])
 
     info = machine_info()
@@ -828,6 +1043,10 @@ def main(argv: list[str] | None = None) -> int:
                     P.ZmqAsync(lk),
                     P.RingwireAsyncRT(lk, 0.0, "parked (spin_us=0)"),
                     P.RingwireAsyncRT(lk, _default_spin(), "default spin"),
+                    P.RingwireAsyncRT(lk, 0.0, "parked (spin_us=0)", pool=False),
+                    P.ZmqAsync(lk, size=P.BLOB_BYTES),
+                    P.RingwireAsyncRT(lk, 0.0, "parked (spin_us=0)", size=P.BLOB_BYTES),
+                    P.RingwireAsyncRT(lk, _default_spin(), "default spin", size=P.BLOB_BYTES),
                 ]
             report_async(h.rt_group("async RT", peers, cfg.async_n), rep)
         if "hot" in only:
@@ -836,8 +1055,12 @@ def main(argv: list[str] | None = None) -> int:
                 P.SemPingPong(),
                 P.SemPingPong(pin_cpu=0),
                 P.MpPipe(),
+                P.Iceoryx2RT(),
                 P.RingwireSyncRT(P.HOT_SPIN_US, "hot, blocking API"),
                 P.RingwireAsyncRT("asyncio", P.HOT_SPIN_US, "hot, async API"),
+                P.MpPipe(size=P.BLOB_BYTES),
+                P.Iceoryx2RT(size=P.BLOB_BYTES),
+                P.RingwireSyncRT(P.HOT_SPIN_US, "hot, blocking API", size=P.BLOB_BYTES),
             ]
             report_hot(h.rt_group("hot RT", peers, cfg.hot_n), rep)
         if "tp" in only:
@@ -850,8 +1073,26 @@ def main(argv: list[str] | None = None) -> int:
                 P.RingwireTP(None, batch=True),
                 P.RingwireTP("asyncio", batch=False),
                 P.RingwireTP("asyncio", batch=True),
+                P.RingwireTP(None, batch=False, pool=False),
+                P.RingwireTP(None, batch=True, pool=False),
             ]
             report_tp(h.tp_group("throughput", peers), rep)
+        if "fanin" in only:
+            from perf import _fanin as F
+
+            peers = [F.DecodeCeiling()]
+            for k in cfg.fan_producers:
+                peers += [
+                    F.MpQueueFanIn(k),
+                    F.FasterFifoFanIn(k, batch=False),
+                    F.FasterFifoFanIn(k, batch=True),
+                    F.ZmqFanIn(k, batch=False),
+                    F.ZmqFanIn(k, batch=True),
+                ]
+                peers += [F.RingwireFanIn(k, m) for m in F.RW_MODES]
+                if HAVE_UVLOOP:
+                    peers += [F.RingwireFanIn(k, m, "uvloop") for m in cfg.fan_uvloop_modes]
+            report_fanin(h.tp_group("fan-in", peers, cfg.fan_n, cfg.fan_rounds), rep, cfg.fan_n)
         if "idle" in only:
             peers = [P.RingwireIdle("asyncio"), P.RingwireIdle(None)]
             report_idle(h.idle_group(peers), rep, cfg.idle_s)
