@@ -170,6 +170,9 @@ _MIN_SPIN_NS = 2_000  # the adaptive spin budget never drops below this
 _SPIN_YIELD_NS = 20_000  # a spinning endpoint calls sched_yield() this often
 _SPIN_PROBE = 16  # after this many spins in a row time out, try the full budget again
 _LOAN_TICK = 0.05  # a sender waiting for a slot re-checks this often while loans are out
+_ALIVE_EVERY = 8  # a sender off asyncio looks for the peer's death every this many records...
+_ALIVE_NS = 2_000_000  # ...and at most this often (see _ChannelBase._check_alive)
+_HANGUP = getattr(select, "POLLRDHUP", 0)  # (POLLHUP and POLLERR are always reported)
 
 
 @dataclass(frozen=True)
@@ -313,6 +316,8 @@ def _client_handshake(capacity: int, slots: SlotConfig | None = None) -> _Handsh
         if own is not None:
             own[0].unlink()
         peer = _attach_peer_pool(welcome.segments)  # other roles: not ours to use
+        if peer is not None:  # attached: its name can go now (the server may die before Ready)
+            unlink_segment(peer[0].name)
         yield ("send", hs.send(Ready()))
         return _HandshakeResult([seg], (0, 0), (0, lane), welcome.pid, own, peer)
     except BaseException:
@@ -552,6 +557,7 @@ class _ChannelBase:
         self._send_parks = self._recv_parks = 0
         self._bells_sent = self._bells_recv = 0
         self._fast_ops = 0
+        self._alive_checked = 0
 
     # -- the one place where codecs are made: the send pool's placer, the peer pool's resolver
 
@@ -842,6 +848,8 @@ class _ChannelBase:
         self._b_sent += len(payload)
         if tx.reader_needs_doorbell():
             self._ring(DOORBELL_DATA)
+        elif not self._n_sent % _ALIVE_EVERY:
+            self._check_alive()
         return True
 
     def _try_send_many(self, payloads: Sequence[bytes], start: int) -> int:
@@ -853,7 +861,35 @@ class _ChannelBase:
             self._b_sent += nbytes
             if tx.reader_needs_doorbell():
                 self._ring(DOORBELL_DATA)
+            elif (self._n_sent - n) // _ALIVE_EVERY != self._n_sent // _ALIVE_EVERY:
+                self._check_alive()
         return n
+
+    # A sender that never waits learns of the peer's death from a failed doorbell (the
+    # peer died parked) or when the ring is full and it parks -- which, for a slow
+    # sender and a large ring, can be minutes of records sent into the void.  So every
+    # _ALIVE_EVERY records (at most every _ALIVE_NS) it asks poll() whether the peer has
+    # hung up (POLLRDHUP: seen even behind unread doorbell bytes, which stay for the
+    # waiters they belong to).  An asyncio endpoint needs none of this: its loop
+    # watches the socket all the time.
+
+    _aio_loop: Any = None
+    _alive_poll: Any = None
+
+    def _check_alive(self) -> None:
+        if self._aio_loop is not None:
+            return
+        now = time.monotonic_ns()
+        if now - self._alive_checked < _ALIVE_NS:
+            return
+        self._alive_checked = now
+        p = self._alive_poll
+        if p is None:
+            p = self._alive_poll = select.poll()
+            p.register(self._fd, _HANGUP)
+        if p.poll(0) and not self._closed:
+            self._eof = True
+            self._tx_blocked = True
 
     def _send_ready(self, size: int) -> bool:
         """Should a parked sender stop waiting?"""
@@ -1186,6 +1222,13 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
     manager.  Not thread-safe: use it from one event loop.
     """
 
+    def __init__(self, est: _Established, **kw: Any) -> None:
+        super().__init__(est, **kw)
+        # on asyncio the loop watches the control socket from now on, so the peer's
+        # death is noticed at once -- slots reclaimed, next send refused -- even by an
+        # endpoint that only sends and never waits
+        self._aio_attach()
+
     # -- waiting ------------------------------------------------------------------------
 
     async def _wait_wake(self, gen: int) -> None:
@@ -1300,8 +1343,28 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
         Large arrays and tensors travel in tensor slots (see :class:`SlotConfig`);
         ``slot_policy`` overrides the channel's policy for this record.
         """
-        if self._pool is not None:
-            await self._send_placed(item, slot_policy)
+        pool = self._pool
+        if pool is not None:
+            # fast path: a record in which nothing was placed in a slot is sent like one
+            # on a channel without a pool (no abort bookkeeping, no extra frame)
+            self._slot_safe_point()
+            try:
+                payload, placed = self._encode_placed(item, slot_policy)
+            except _NeedSlot:
+                await self._send_placed(item, slot_policy)
+                return
+            if placed:
+                published = False
+                try:
+                    if not self._try_send(payload):
+                        await self._send_slow(payload)
+                    published = True
+                finally:
+                    if not published:
+                        pool.abort(placed)
+            elif not self._try_send(payload):
+                await self._send_slow(payload)
+            await self._maybe_yield()
             return
         payload = self._enc.encode(item)
         if len(payload) > self._tx.max_payload:
@@ -2214,6 +2277,7 @@ class Listener:
         if self._sock is not None or self._closed:
             raise RuntimeError("a Listener can be entered once")
         self._sock = bind_unix_socket(self.path, self._backlog)
+        sweep()  # names left by dead processes (a listener killed mid-handshake, say)
         self._cm = self._running()
         try:
             await self._cm.__aenter__()
@@ -2393,6 +2457,38 @@ class Listener:
             return conn, obj
         return None
 
+    def _try_fan_in_many(self, max_n: int) -> list[tuple[Channel, Any]]:
+        """Up to ``max_n`` records, round-robin over the connections in batches (each
+        connection's share of ``max_n``, one ring commit and doorbell check each)."""
+        out: list[tuple[Channel, Any]] = []
+        conns = self._conns
+        n = len(conns)
+        share = max(1, max_n // max(n, 1))
+        i = 0
+        while i < n and len(out) < max_n:
+            k = (self._rr + i) % n
+            conn = conns[k]
+            got: list[Any] = []
+            try:
+                if conn._closed:
+                    self._drop(conn, None)
+                else:
+                    got = conn._try_receive_many(conn._dec, min(share, max_n - len(out)))
+                    if not got:
+                        conn._check_finished()
+            except EndOfStream:
+                self._drop(conn, None)
+            except (BrokenResourceError, DecodeError) as exc:
+                self._drop(conn, exc)
+            if n != len(conns):  # a connection went away: rescan
+                n = len(conns)
+                continue
+            out.extend([(conn, rec) for rec in got])
+            i += 1
+        if n:
+            self._rr = (self._rr + i) % n
+        return out
+
     def _any_ready(self) -> bool:
         return any(c._receive_ready() for c in self._conns)
 
@@ -2411,29 +2507,53 @@ class Listener:
                 conn = got[0]
                 await conn._maybe_yield()
                 return got
-            if self._spin_ns and self._conns:
-                clock = time.perf_counter_ns
-                deadline = clock() + self._spin_ns
-                while clock() < deadline:
-                    if self._any_ready():
-                        break
+            await self._wait_any()
+
+    async def receive_many(self, max_n: int = 1024) -> list[tuple[Channel, Any]]:
+        """Wait for at least one record, then return up to ``max_n`` as
+        ``(connection, record)`` pairs: the batched form of :meth:`receive`, for
+        throughput (one ring commit and doorbell check per connection per batch).
+
+        Fair: each connection with data contributes at most its share of ``max_n`` per
+        call, round-robin; records of one connection keep their order.  Raises
+        ``ValueError`` for ``max_n < 1`` and ``ClosedResourceError`` once the listener
+        is closed.
+        """
+        if max_n < 1:
+            raise ValueError("max_n must be at least 1")
+        while True:
+            if self._closed:
+                raise ClosedResourceError
+            got = self._try_fan_in_many(max_n)
+            if got:
+                await got[-1][0]._maybe_yield()
+                return got
+            await self._wait_any()
+
+    async def _wait_any(self) -> None:
+        """Spin, then park every connection, until one may have a record (or a
+        connection arrives or goes); returns early, callers re-check."""
+        if self._spin_ns and self._conns:
+            clock = time.perf_counter_ns
+            deadline = clock() + self._spin_ns
+            while clock() < deadline:
                 if self._any_ready():
-                    continue
-            ev = self._event
-            if ev is None:
-                ev = self._event = anyio.Event()
-            parked = [c for c in self._conns if not c._closed]
+                    return
+        ev = self._event
+        if ev is None:
+            ev = self._event = anyio.Event()
+        parked = [c for c in self._conns if not c._closed]
+        for c in parked:
+            c._park_rx()
+        try:
+            if self._any_ready():
+                return
             for c in parked:
-                c._park_rx()
-            try:
-                if self._any_ready():
-                    continue
-                for c in parked:
-                    c._recv_parks += 1
-                await ev.wait()
-            finally:
-                for c in parked:
-                    c._unpark_rx()
+                c._recv_parks += 1
+            await ev.wait()
+        finally:
+            for c in parked:
+                c._unpark_rx()
 
     def receive_nowait(self) -> tuple[Channel, Any]:
         if self._closed:
@@ -2479,6 +2599,7 @@ class SyncListener:
         self._max_capacity = max_capacity
         self._handshake_timeout = handshake_timeout
         self._sock: socket.socket | None = bind_unix_socket(self.path, backlog)
+        sweep()  # names left by dead processes (as Listener)
         self.refused = 0
 
     def accept(self, timeout: float | None = None) -> SyncChannel:

@@ -14,6 +14,7 @@ import struct
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -590,6 +591,48 @@ async def test_fan_in_is_fair_and_fifo(tmp_path):
             await anyio.sleep(0)
             conn, rec = lst.receive_nowait()
             assert rec == "x" and conn in lst.connections
+        finally:
+            for c in clients:
+                await c.aclose()
+
+
+@pytest.mark.anyio
+async def test_listener_receive_many_batches_fairly_and_in_order(tmp_path):
+    path = tmp_path / "m.sock"
+    async with listen(path) as lst:
+        clients = [await connect(path) for _ in range(3)]
+        try:
+            for _ in range(3):
+                await lst.accept()
+            with pytest.raises(ValueError):
+                await lst.receive_many(0)
+            for k, c in enumerate(clients):
+                await c.send_many([(k, i) for i in range(100)])
+            first = await lst.receive_many(30)  # a share of 10 from each
+            assert len(first) == 30
+            assert sorted(Counter(r[0] for _, r in first).values()) == [10, 10, 10]
+            got = list(first)
+            while len(got) < 300:
+                got += await lst.receive_many(64)
+            for k in range(3):  # FIFO per producer, nothing lost or repeated
+                assert [r[1] for conn, r in got if r[0] == k] == list(range(100))
+                assert {conn for conn, r in got if r[0] == k} == {lst.connections[k]}
+
+            async def late() -> None:
+                await anyio.sleep(0.05)
+                await clients[2].send("late")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(late)
+                with anyio.fail_after(5):
+                    (conn, rec), = await lst.receive_many()  # parks, then wakes
+            assert rec == "late" and conn is lst.connections[2]
+            await clients[0].aclose()
+            await clients[1].send("still here")
+            with anyio.fail_after(5):
+                batch = await lst.receive_many()
+            assert [rec for _, rec in batch] == ["still here"]
+            assert len(lst.connections) == 2
         finally:
             for c in clients:
                 await c.aclose()
