@@ -379,6 +379,10 @@ def _c_rw(ctrl: Any, loop_kind: str, path: str, k: int, mode: str) -> None:
                     async with anyio.create_task_group() as tg:
                         for c in conns:
                             tg.start_soon(drain, c, per)
+                elif mode == "fanin_many":
+                    got, rm = 0, lst.receive_many
+                    while got < n:
+                        got += len(await rm(min(BATCH, n - got)))
                 else:
                     recv = lst.receive
                     for _ in range(n):
@@ -417,6 +421,11 @@ RW_MODES = {
     # mode key: (consumer mode, producers batch?, label)
     "fanin": ("fanin", False, "listener fan-in (async for), producers send"),
     "fanin_many": ("fanin", True, "listener fan-in (async for), producers send_many"),
+    "listener_many": (
+        "fanin_many",
+        True,
+        "listener receive_many, producers send_many",
+    ),
     "tasks": ("tasks", True, "per-connection receive_many tasks, producers send_many"),
 }
 
