@@ -67,6 +67,7 @@ _DEVICE_RE = re.compile(r"(cpu|cuda|mps|xpu|meta)(?::(\d{1,4}))?")
 # Types whose values never hold a tuple: the lift pass returns them at once.
 _ATOMIC: set[type] = {int, float, str, bytes, bool, type(None), bytearray, memoryview, np.ndarray}
 _SMALL_PAYLOAD = 64 * 1024
+_UNSIZED = frozenset({"<U0", ">U0", "|S0"})  # as Ext 10 only: arrays and scalars need a size
 
 _meta_encoder = msgspec.msgpack.Encoder()
 _meta_decoder = msgspec.msgpack.Decoder()
@@ -137,7 +138,13 @@ def _encode_array(a: array.array[Any]) -> Ext:
 
 def _encode_numpy_scalar(x: np.generic) -> Ext:
     wire = numpy_dtype_to_wire(x.dtype)
-    return Ext(X.NUMPY_SCALAR, _meta_encoder.encode([wire, x.tobytes()]))
+    raw = x.tobytes()
+    if not x.dtype.itemsize:
+        # np.str_("") / np.bytes_(b"") have an unsized dtype, which the decoder refuses
+        # for items; one NUL item decodes to the same empty scalar
+        wire = wire[:-1] + "1"
+        raw = bytes(np.dtype(wire).itemsize)
+    return Ext(X.NUMPY_SCALAR, _meta_encoder.encode([wire, raw]))
 
 
 class Encoder:
@@ -417,6 +424,15 @@ def _check_raw(raw: memoryview, shape: tuple[int, ...], itemsize: int, what: str
     return count
 
 
+def _check_text(raw: Any, dtype: np.dtype[Any], what: str) -> None:
+    """numpy ``U`` items are UCS-4 code points: one past U+10FFFF would make reading
+    the item fail later (a SystemError deep in numpy), so it is refused here."""
+    if dtype.kind == "U" and len(raw):
+        codes = np.frombuffer(raw, dtype=dtype.byteorder + "u4")
+        if int(codes.max()) > 0x10FFFF:
+            raise DecodeError(f"{what}: {dtype} text holds a code point past U+10FFFF")
+
+
 def _check_device(text: Any) -> str:
     if not isinstance(text, str) or _DEVICE_RE.fullmatch(text) is None:
         raise DecodeError(f"device {text!r:.40} is not an allowed device string")
@@ -536,6 +552,7 @@ class Decoder:
         shape = _check_shape(meta[0], what)
         dtype = numpy_dtype_from_wire(meta[1])
         count = _check_raw(raw, shape, dtype.itemsize, what)
+        _check_text(raw, dtype, what)
         if not count:
             return np.empty(shape, dtype)
         if self._zero_copy:
@@ -616,7 +633,10 @@ class Decoder:
         return torch_module().device(_check_device(self._decode_any(data, "Ext 9 (torch.device)")))
 
     def _numpy_dtype(self, data: memoryview) -> np.dtype[Any]:
-        return numpy_dtype_from_wire(self._decode_any(data, "Ext 10 (numpy dtype)"))
+        text = self._decode_any(data, "Ext 10 (numpy dtype)")
+        if isinstance(text, str) and text in _UNSIZED:
+            return np.dtype(text)  # np.dtype(str) / np.dtype(bytes): a dtype, never items
+        return numpy_dtype_from_wire(text)
 
     def _numpy_scalar(self, data: memoryview) -> np.generic:
         what = "Ext 11 (numpy scalar)"
@@ -626,6 +646,7 @@ class Decoder:
         dtype = numpy_dtype_from_wire(meta[0])
         if len(meta[1]) != dtype.itemsize:
             raise DecodeError(f"{what}: {len(meta[1])} bytes for a {dtype.itemsize}-byte {dtype}")
+        _check_text(meta[1], dtype, what)
         return np.frombuffer(meta[1], dtype=dtype)[0]
 
     def _decode_any(self, data: memoryview, what: str) -> Any:

@@ -158,7 +158,7 @@ def decode_message(body: bytes | memoryview) -> Message:
     """Decode the body of one handshake frame (without its length prefix)."""
     try:
         return _decoder.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec: bad UTF-8 in a str
         raise HandshakeError(f"malformed handshake message: {exc}") from None
 
 
@@ -166,7 +166,7 @@ def choose_version(offered: list[int]) -> int:
     common = set(offered) & set(SUPPORTED_VERSIONS)
     if not common:
         raise HandshakeError(
-            f"no common protocol version: peer offers {sorted(offered)!r}, "
+            f"no common protocol version: peer offers {sorted(offered)!r:.200}, "
             f"we support {list(SUPPORTED_VERSIONS)!r}"
         )
     return max(common)
@@ -180,7 +180,7 @@ def validate_hello(hello: Hello, *, max_capacity: int = MAX_CAPACITY) -> None:
         raise HandshakeError("a hello must announce between 1 and 16 segments")
     for seg in hello.segments:
         if not is_segment_name(seg.name):
-            raise HandshakeError(f"bad segment name {seg.name!r}")
+            raise HandshakeError(f"bad segment name {seg.name!r:.100}")  # fits a Reject
         if not 0 < seg.size <= 1 << 40:
             raise HandshakeError(f"bad segment size {seg.size!r}")
     regions = []

@@ -64,11 +64,16 @@ def numpy_dtype_to_wire(dtype: np.dtype[Any]) -> str:
     return dtype.str
 
 
-@lru_cache(maxsize=256)
 def numpy_dtype_from_wire(text: object) -> np.dtype[Any]:
     """Parse a wire dtype string through the allow-list; :class:`DecodeError` otherwise."""
+    # checked before the cache, which would raise TypeError for an unhashable list
     if not isinstance(text, str) or len(text) > 16:
         raise DecodeError(f"numpy dtype must be a short string, got {text!r:.40}")
+    return _numpy_dtype_from_wire(text)
+
+
+@lru_cache(maxsize=256)
+def _numpy_dtype_from_wire(text: str) -> np.dtype[Any]:
     m = _NUMPY_WIRE.fullmatch(text)
     if m is None:
         raise DecodeError(f"numpy dtype {text!r} is not an allowed dtype")

@@ -569,10 +569,10 @@ class RingReader(_Lane):
             pos = 0
             n = self._d32[0]
         need = (n + 11) & ~7
-        if n > self.max_payload or head + need > tail:
+        if n > self.max_payload or head + need > tail or pos + need > self.capacity:
             raise RingCorrupted(
-                f"bad frame length {n} at ring offset {pos} "
-                f"({tail - head} bytes published, at most {self.max_payload} per frame)"
+                f"bad frame length {n} at ring offset {pos} ({tail - head} bytes "
+                f"published, at most {self.max_payload} per frame, none across the end)"
             )
         self._head = head + need
         return self._data[pos + 4 : pos + 4 + n]
@@ -611,12 +611,12 @@ class RingReader(_Lane):
                 pos = 0
                 n = d32[0]
             need = (n + 11) & ~7
-            if n > limit or start + need > tail:
+            if n > limit or start + need > tail or pos + need > cap:
                 if k:
                     break
                 raise RingCorrupted(
-                    f"bad frame length {n} at ring offset {pos} "
-                    f"({tail - start} bytes published, at most {limit} per frame)"
+                    f"bad frame length {n} at ring offset {pos} ({tail - start} bytes "
+                    f"published, at most {limit} per frame, none across the end)"
                 )
             view = data[pos + 4 : pos + 4 + n]
             try:

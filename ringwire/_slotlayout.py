@@ -339,6 +339,7 @@ class SlotAllocator:
                 else:
                     self._generation[slot] += 1
                     self._status[slot] = FREE
+                    self._free[self.layout.capacities[slot]].append(slot)  # statistics
                 n += 1
         return n
 

@@ -1,0 +1,504 @@
+"""Access: who may connect and attach, what names give away, and no pickle anywhere.
+
+* Every segment ringwire creates (rings, slot pools) and every listener socket is
+  mode 0600, whatever the umask.
+* A process of another uid can neither connect nor attach: the file modes stop it
+  first (EACCES), and behind them the listener checks the peer's uid (SO_PEERCRED)
+  and ``Segment.attach`` the segment's owner and mode.  Shown with a real process of
+  uid 65534 (nobody); needs root, skipped otherwise.
+* Segment names carry 48 bits from ``secrets`` and pool ids 64: not guessable.
+  ringwire makes no socket path of its own (``pair()`` is a socketpair; a listener's
+  path is the caller's).
+* No pickle: not imported by ringwire, runtime, examples or the fuzz harness, and not
+  called at run time while records, arrays and tensors cross a connection.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import contextlib
+import errno
+import json
+import os
+import pathlib
+import pickle
+import re
+import select
+import shutil
+import signal
+import socket
+import stat
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import posix_ipc
+import pytest
+import torch
+
+import ringwire
+from ringwire._channel import SyncListener, connect, connect_sync, listen, pair
+from ringwire._control import bind_unix_socket
+from ringwire._segment import SHM_DIR, Segment, SegmentError, is_segment_name, new_segment_name
+from ringwire._slotlayout import SlotClass, init_pool, pool_size
+from ringwire._slots import SlotConfig, create_pool
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOBODY = 65534
+POOL = SlotConfig(classes=(SlotClass(64 << 10, 4),), threshold=1024, wait_timeout=10)
+root_only = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root: it starts a process of another uid (nobody)"
+)
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode_of(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+# ---------------------------------------------------------------------- file modes
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o022, 0o077])
+def test_segments_are_0600_whatever_the_umask(mask: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every segment a connection creates -- both ring segments' and both slot pools'
+    -- is 0600 and ours, from the moment it exists."""
+    created: list[tuple[str, int, int]] = []
+    real = posix_ipc.SharedMemory
+
+    def spy(name: str, flags: int = 0, *args: Any, **kw: Any) -> Any:
+        shm = real(name, flags, *args, **kw)
+        if flags & posix_ipc.O_CREAT:
+            st = os.fstat(shm.fd)
+            created.append((name, stat.S_IMODE(st.st_mode), st.st_uid))
+        return shm
+
+    monkeypatch.setattr("ringwire._segment.posix_ipc.SharedMemory", spy)
+    with umask(mask):
+        seg = Segment.create(4096)
+        pseg, _ = create_pool(POOL)
+        for s in (seg, pseg):
+            assert mode_of(SHM_DIR + s.name) == 0o600
+            s.unlink()
+            s.close()
+        a, b = pair()
+        out: list[Any] = []
+        t = threading.Thread(target=lambda: out.append(b.connect_sync(slots=POOL, timeout=10)))
+        t.start()
+        ca = a.connect_sync(slots=POOL, timeout=10)
+        t.join()
+        with ca, out[0]:
+            ca.send(np.arange(1000))
+            assert out[0].receive(timeout=5)[-1] == 999
+    assert len(created) >= 5  # the two above; rings + a pool for the client, a pool for the server
+    assert all(m == 0o600 and uid == os.geteuid() for _, m, uid in created), created
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o022])
+def test_listener_sockets_are_0600_whatever_the_umask(mask: int, tmp_path: pathlib.Path) -> None:
+    with umask(mask):
+        s = bind_unix_socket(str(tmp_path / "raw.sock"))
+        assert mode_of(str(tmp_path / "raw.sock")) == 0o600
+        s.close()
+        os.unlink(tmp_path / "raw.sock")
+        sl = SyncListener(str(tmp_path / "sync.sock"))
+        assert mode_of(str(tmp_path / "sync.sock")) == 0o600
+        sl.close()
+
+        async def main() -> None:
+            async with listen(tmp_path / "async.sock"):
+                assert mode_of(str(tmp_path / "async.sock")) == 0o600
+
+        anyio.run(main)
+
+
+def test_attach_refuses_a_segment_others_can_open() -> None:
+    seg = Segment.create(4096)
+    try:
+        for mode in (0o640, 0o604, 0o666, 0o660):
+            os.chmod(SHM_DIR + seg.name, mode)
+            with pytest.raises(SegmentError, match="accessible to others"):
+                Segment.attach(seg.name, seg.size)
+        os.chmod(SHM_DIR + seg.name, 0o600)
+        Segment.attach(seg.name, seg.size).close()
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+@root_only
+def test_attach_refuses_a_segment_of_another_uid() -> None:
+    seg = Segment.create(4096)
+    try:
+        os.chown(SHM_DIR + seg.name, NOBODY, NOBODY)
+        with pytest.raises(SegmentError, match=f"belongs to uid {NOBODY}"):
+            Segment.attach(seg.name, seg.size)
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+def test_attach_refuses_names_that_are_not_ringwire_segments() -> None:
+    for name in (
+        "/etc/passwd",
+        "/../../etc/shadow",
+        "/rw.1.0123456789AB",
+        "/rw.0.0123456789ab",
+        "rw.1.0123456789ab",
+        "/rw.1.0123456789ab/../x",
+        "/psm_1234",
+    ):
+        with pytest.raises(SegmentError, match="not a ringwire segment name"):
+            Segment.attach(name, 4096)
+
+
+# ------------------------------------------------------------- a process of another uid
+
+
+def _child_checks(path: str, name: str, size: int) -> dict[str, Any]:
+    """What a process of uid nobody gets (runs in the forked child)."""
+    out: dict[str, Any] = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups()}
+
+    def err(exc: BaseException) -> str:
+        code = getattr(exc, "errno", None)
+        return (
+            type(exc).__name__
+            + (f" {errno.errorcode.get(code, code)}" if code else "")
+            + f": {exc}"
+        )
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        s.settimeout(5)
+        out["raw_connect"] = "connected; then " + repr(s.recv(100))
+    except OSError as exc:
+        out["raw_connect"] = err(exc)
+    finally:
+        s.close()
+    try:
+        connect_sync(path, timeout=5, slots=None).close()
+        out["connect"] = "connected"
+    except Exception as exc:
+        out["connect"] = err(exc)
+    try:
+        posix_ipc.SharedMemory(name).close_fd()
+        out["shm_open"] = "opened"
+    except Exception as exc:
+        out["shm_open"] = err(exc)
+    try:
+        Segment.attach(name, size).close()
+        out["attach"] = "attached"
+    except SegmentError as exc:
+        out["attach"] = err(exc)
+    try:
+        os.close(os.open(SHM_DIR + name, os.O_RDWR))
+        out["open_rw"] = "opened"
+    except OSError as exc:
+        out["open_rw"] = err(exc)
+    return out
+
+
+def _as_nobody(path: str, seg: Segment) -> dict[str, Any]:
+    """Fork; the child drops to uid/gid 65534 with no groups, tries, reports on a pipe.
+
+    (A fork, not a new interpreter: this one may live where nobody cannot read it.)"""
+    r, w = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            result = _child_checks(path, seg.name, seg.size)
+        except BaseException as exc:
+            result = {"error": repr(exc)}
+        try:
+            os.write(w, json.dumps(result).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    try:
+        while True:
+            ready, _, _ = select.select([r], [], [], 30)
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                break
+            data = os.read(r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    result = json.loads(b"".join(chunks) or b"{}")
+    assert "error" not in result and result, result
+    return result
+
+
+@root_only
+@pytest.mark.multiprocess
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_another_uid_can_neither_connect_nor_attach(caplog: pytest.LogCaptureFixture) -> None:
+    """uid 65534 against a live listener and a live segment of ours.  With the modes
+    as ringwire sets them, the kernel refuses (EACCES); with the modes opened up by
+    hand, ringwire itself still refuses: the listener drops the socket at once (its peer
+    uid is not ours), and Segment.attach refuses a segment owned by someone else."""
+    # a directory nobody can traverse (pytest's and the session's are 0700), so that
+    # the socket's own mode is what is tested
+    d = tempfile.mkdtemp(prefix="rw-access-", dir="/tmp")
+    os.chmod(d, 0o711)
+    path = os.path.join(d, "l.sock")
+    seg = Segment.create(8192)
+    try:
+        async with listen(path, spin_us=0) as lst:
+            assert mode_of(path) == 0o600 and mode_of(SHM_DIR + seg.name) == 0o600
+            strict = await anyio.to_thread.run_sync(_as_nobody, path, seg)
+            assert strict["uid"] == NOBODY and strict["groups"] == []
+            assert "EACCES" in strict["raw_connect"], strict
+            assert "EACCES" in strict["connect"], strict
+            assert strict["shm_open"].startswith("PermissionsError"), strict
+            assert "no permission" in strict["attach"], strict
+            assert "EACCES" in strict["open_rw"], strict
+            assert lst.statistics().refused == 0  # the kernel stopped it first
+            # open the modes up by hand: the second line of defence
+            os.chmod(path, 0o666)
+            os.chmod(SHM_DIR + seg.name, 0o666)
+            caplog.set_level("WARNING", logger="ringwire")
+            loose = await anyio.to_thread.run_sync(_as_nobody, path, seg)
+            assert loose["raw_connect"] == "connected; then b''", loose  # closed at once
+            # the client checks the listener too: a root listener is not its uid
+            assert "PeerCredentialsError" in loose["connect"], loose
+            assert loose["shm_open"] == "opened" and loose["open_rw"] == "opened"  # the OS allows
+            assert f"belongs to uid {os.geteuid()}" in loose["attach"], loose  # ringwire does not
+            with anyio.fail_after(5):
+                while lst.statistics().refused < 2:
+                    await anyio.sleep(0.01)
+            assert lst.statistics().accepted == 0
+            why = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+            assert len(why) == 2 and all(f"uid {NOBODY}" in w for w in why), why
+            # and our own uid is still welcome
+            async with await connect(path, slots=None) as c:
+                conn = await lst.accept()
+                await c.send("me")
+                assert (await lst.receive())[1] == "me" and conn.peer_pid == os.getpid()
+    finally:
+        seg.unlink()
+        seg.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_sync_listener_refuses_another_uid_by_peer_credentials(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SO_PEERCRED check on the blocking listener (the uid is faked, so this runs
+    without root; the real other-uid process is in the test above)."""
+    import ringwire._channel as ch
+    import ringwire._control as ctl
+
+    real = ctl.peer_credentials
+    stranger = {"on": True}
+
+    def creds(sock: socket.socket) -> tuple[int, int, int]:
+        pid, uid, gid = real(sock)
+        return (pid, uid + 4242, gid) if stranger["on"] and sock.getsockname() else (pid, uid, gid)
+
+    monkeypatch.setattr(ctl, "peer_credentials", creds)
+    monkeypatch.setattr(ch, "check_peer", ctl.check_peer)
+    path = str(tmp_path / "s.sock")
+    with SyncListener(path) as sl:
+        errors: list[BaseException] = []
+
+        def client() -> None:
+            try:
+                connect_sync(path, timeout=5, slots=None).close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=client)
+        t.start()
+        with pytest.raises(TimeoutError):
+            sl.accept(timeout=0.5)
+        t.join()
+        assert sl.refused == 1 and errors and isinstance(errors[0], ringwire.RingwireError)
+        stranger["on"] = False
+        t = threading.Thread(target=lambda: connect_sync(path, timeout=5, slots=None).close())
+        t.start()
+        sl.accept(timeout=5).close()
+        t.join()
+
+
+# -------------------------------------------------------------------------- names
+
+
+def test_segment_names_are_unguessable() -> None:
+    names = [new_segment_name() for _ in range(4096)]
+    assert len(set(names)) == len(names)
+    pid = os.getpid()
+    for n in names:
+        assert is_segment_name(n) and len(n) <= 31  # macOS's limit
+        assert n.startswith(f"/rw.{pid}.")
+    tails = [n.rsplit(".", 1)[1] for n in names]
+    assert all(len(t) == 12 for t in tails)  # 48 random bits
+    # the digits are uniform (chi-square, 15 degrees of freedom: 60 is p < 1e-6)
+    digits = collections.Counter("".join(tails))
+    expected = len(tails) * 12 / 16
+    chi2 = sum((digits[c] - expected) ** 2 / expected for c in "0123456789abcdef")
+    assert chi2 < 60, digits
+    # and unrelated from one name to the next (no counter, no clock)
+    values = [int(t, 16) for t in tails]
+    steps = {b - a for a, b in zip(values, values[1:])}
+    assert len(steps) > 4000
+
+
+def test_names_and_pool_ids_come_from_the_csprng() -> None:
+    """Names and pool ids are drawn from ``secrets`` (the OS CSPRNG), never from
+    ``random`` (whose state can be recovered from its outputs) or a counter."""
+    for mod in ("_segment.py", "_slotlayout.py", "_slots.py", "_channel.py"):
+        tree = ast.parse((ROOT / "ringwire" / mod).read_text())
+        imported = {
+            a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names
+        } | {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert "random" not in imported, mod
+    src = (ROOT / "ringwire" / "_segment.py").read_text()
+    assert re.search(r"secrets\.token_hex\(6\)", src)
+    size = pool_size([SlotClass(64, 1)])
+    ids = {init_pool(bytearray(size), [SlotClass(64, 1)]).pool_id for _ in range(2000)}
+    assert len(ids) == 2000
+    assert sum(1 for i in ids if i >= 1 << 60) > 1500  # all 64 bits used
+
+
+def test_pairs_make_no_socket_path(tmp_path: pathlib.Path) -> None:
+    """ringwire names no socket file of its own: pair() is an anonymous socketpair."""
+    a, b = pair()
+    for end in (a, b):
+        sock = end._take()
+        assert sock.getsockname() in ("", b"", None)
+        sock.close()
+
+
+# ----------------------------------------------------------------------- no pickle
+
+_FORBIDDEN = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "shelve", "marshal", "copyreg"}
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "__import__":
+                found.add("__import__")
+        elif isinstance(node, ast.Attribute) and node.attr in ("load", "loads"):
+            if isinstance(node.value, ast.Name) and node.value.id in ("torch", "np", "numpy"):
+                found.add(f"{node.value.id}.{node.attr}")  # both unpickle by default
+    return found
+
+
+def test_no_pickle_in_any_shipped_or_example_code() -> None:
+    """tests/test_package.py scans ringwire/ and runtime/; this adds examples/ and the
+    fuzz harness (perf/ times multiprocessing.Queue, which pickles, on purpose)."""
+    files = [
+        p
+        for d in ("ringwire", "runtime", "examples", "fuzz")
+        for p in sorted((ROOT / d).rglob("*.py"))
+    ]
+    assert len(files) >= 20
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(bad)
+        for p in files
+        if (
+            bad := _imports(p)
+            & (_FORBIDDEN | {"__import__", "torch.load", "np.load", "numpy.load"})
+        )
+    }
+    assert not offenders, offenders
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_nothing_is_pickled_at_run_time(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records, numpy arrays and torch tensors (inline and through slots), a typed
+    record and the typed leaves cross a listener connection both ways while every
+    pickling entry point raises."""
+    calls: list[str] = []
+
+    def trap(name: str) -> Any:
+        def f(*a: Any, **k: Any) -> Any:
+            calls.append(name)
+            raise AssertionError(f"{name} called")
+
+        return f
+
+    for name in ("dumps", "loads", "dump", "load"):
+        monkeypatch.setattr(pickle, name, trap(f"pickle.{name}"))
+    monkeypatch.setattr(pickle, "Pickler", trap("pickle.Pickler"))
+    monkeypatch.setattr(pickle, "Unpickler", trap("pickle.Unpickler"))
+    import multiprocessing.reduction as red
+
+    monkeypatch.setattr(red.ForkingPickler, "dumps", trap("ForkingPickler.dumps"))
+    monkeypatch.setattr(red.ForkingPickler, "loads", trap("ForkingPickler.loads"))
+
+    class Item(ringwire.Record):
+        name: str
+        x: np.ndarray
+        t: torch.Tensor
+        extra: object = None
+
+    record = {
+        "small": np.arange(10),
+        "big": np.arange(100_000, dtype=np.float32),
+        "t": torch.ones(64, 64, dtype=torch.bfloat16),
+        "leaves": (
+            np.int8(1),
+            np.dtype("<f8"),
+            torch.float16,
+            torch.Size([2]),
+            torch.device("cpu"),
+        ),
+        "typed": Item(name="i", x=np.ones(5000), t=torch.zeros(3), extra=(1, 2)),
+    }
+    path = tmp_path / "p.sock"
+    async with listen(path, slots=POOL) as lst:
+        async with await connect(path, slots=POOL) as c:
+            conn = await lst.accept()
+            await c.send(record)
+            got = await conn.receive()
+            assert got["big"][-1] == 99_999 and got["leaves"][3] == torch.Size([2])
+            await conn.send(got)
+            back = await c.receive()
+            assert torch.equal(back["t"], record["t"])
+            del got, back
+            await c.send(record["typed"])
+            item = await conn.receive(type=Item)
+            assert item.extra == (1, 2) and item.x.sum() == 5000
+            del item
+    assert calls == []
