@@ -42,7 +42,10 @@ ring headers say whether it closed cleanly: a receiver first gets every record t
 was published, then :class:`anyio.EndOfStream` (clean close or ``send_eof``) or
 :class:`anyio.BrokenResourceError` (a crash: the kernel closed the peer's socket).
 Sending to a peer known to be gone raises ``BrokenResourceError``; any operation after
-our own close raises ``ClosedResourceError``.  A malformed frame or garbage on the
+our own close raises ``ClosedResourceError``.  A waiting endpoint learns of the death at
+once; so does any asyncio endpoint (its loop watches the socket from the start); a
+sender that never waits, elsewhere, checks every ``_ALIVE_EVERY`` records (see
+:meth:`_ChannelBase._check_alive`).  A malformed frame or garbage on the
 control socket breaks only that connection (``BrokenResourceError`` whose cause is a
 :class:`RingCorrupted` / :class:`ProtocolError`).
 
@@ -105,6 +108,7 @@ from ._control import (
     validate_hello,
 )
 from ._cuda import CudaNeed
+from ._descriptors import CudaRef
 from ._errors import DecodeError, RingwireError
 from ._ringlayout import (
     MAX_CAPACITY,
@@ -1208,9 +1212,10 @@ class SyncReceipt(_ReceiptBase):
 
 
 def _no_pool(ref: Any) -> Any:
+    what = "a CUDA tensor reference (Ext 5)" if isinstance(ref, CudaRef) else "a slot reference"
     raise DecodeError(
-        f"a slot reference to pool {getattr(ref, 'pool', 0):#x}, but the peer lends this "
-        "connection no slot pool"
+        f"{what} to pool {getattr(ref, 'pool', 0):#x}, but the peer lends this connection "
+        "no slot pool (it connected with slots=None)"
     )
 
 
