@@ -336,10 +336,13 @@ def _client_handshake(capacity: int, slots: SlotConfig | None = None) -> _Handsh
 
 
 def _server_handshake(
-    cred_pid: int, max_capacity: int, slots: SlotConfig | None = None
+    cred_pid: int, max_capacity: int, slots: SlotConfig | None = None, *, own_names: bool = False
 ) -> _HandshakeGen:
     """The accepting side.  ``cred_pid`` is the peer's pid from SO_PEERCRED (for a
-    socketpair, the pid of the process that made the pair)."""
+    socketpair, the pid of the process that made the pair).  ``own_names`` (a
+    listener): every segment the client announces must carry the client's own pid, so
+    a client cannot point the server at another process's segments (whose names are
+    visible in ``/dev/shm`` while that process's handshake is in flight)."""
     hs = Handshake("server")
     try:
         hello = yield from _recv_message(hs)
@@ -357,6 +360,13 @@ def _server_handshake(
         try:
             version = choose_version(hello.versions)
             validate_hello(hello, max_capacity=max_capacity)
+            if own_names:
+                for spec in hello.segments:
+                    if name_pid(spec.name) != cred_pid:
+                        raise HandshakeError(
+                            f"segment {spec.name} was not made by the connecting process "
+                            f"(pid {cred_pid})"
+                        )
             pools = [i for i, spec in enumerate(hello.segments) if spec.role == "slots"]
             if len(pools) > 1:
                 raise HandshakeError("the client announced more than one slot pool")
@@ -2365,7 +2375,7 @@ class Listener:
             with anyio.fail_after(self._handshake_timeout):
                 pid = check_peer(sock)
                 est = await _drive_async(
-                    _server_handshake(pid, self._max_capacity, self._slots), sock
+                    _server_handshake(pid, self._max_capacity, self._slots, own_names=True), sock
                 )
         except Exception as exc:
             sock.close()
@@ -2627,7 +2637,9 @@ class SyncListener:
                 pid = check_peer(conn_sock)
                 hs_deadline = time.monotonic() + self._handshake_timeout
                 est = _drive_sync(
-                    _server_handshake(pid, self._max_capacity, self._slots), conn_sock, hs_deadline
+                    _server_handshake(pid, self._max_capacity, self._slots, own_names=True),
+                    conn_sock,
+                    hs_deadline,
                 )
             except (RingwireError, OSError) as exc:
                 conn_sock.close()

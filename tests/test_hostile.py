@@ -674,7 +674,7 @@ def _hello(**kw: Any) -> Hello:
     args: dict[str, Any] = dict(
         versions=[1],
         pid=os.getpid(),
-        segments=[SegmentSpec("/rw.1.0123456789ab", 2 * ring_size(1024))],
+        segments=[SegmentSpec(f"/rw.{os.getpid()}.0123456789ab", 2 * ring_size(1024))],
         c2s=RingSpec(0, 0, 1024),
         s2c=RingSpec(0, ring_size(1024), 1024),
     )
@@ -699,6 +699,10 @@ HANDSHAKES: dict[str, Any] = {
         _hello(segments=[SegmentSpec("/../../etc/passwd", 2 * ring_size(1024))])
     ),
     "a segment that does not exist": encode_message(_hello()),
+    # a name another process made (visible in /dev/shm during its own handshake)
+    "another process's segment": encode_message(
+        _hello(segments=[SegmentSpec("/rw.1.0123456789ab", 2 * ring_size(1024))])
+    ),
     "a 1 TiB ring": encode_message(
         _hello(
             segments=[SegmentSpec("/rw.1.0123456789ab", 1 << 40)],
@@ -757,6 +761,7 @@ async def test_hostile_handshakes_are_refused_and_the_listener_keeps_working(
     assert b"between 1 and 16 segments" in replies["17 segments"]
     assert b"bad segment name" in replies["a name outside ringwire's"]
     assert b"does not exist" in replies["a segment that does not exist"]
+    assert b"not made by the connecting process" in replies["another process's segment"]
     assert b"version" in replies["huge versions list"]
     assert our_names() == before
 
