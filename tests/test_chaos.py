@@ -1,0 +1,1637 @@
+"""Chaos: kill -9 producers, consumers, listeners and runtime workers at random moments;
+SIGSTOP/SIGCONT a peer; fill /dev/shm.
+
+Each kill round starts a victim process (``tests/chaos_workers.py``, started ahead of
+time so its start-up overlaps the previous round), lets it exchange sequence-numbered,
+checksummed records -- a quarter of them with numpy arrays, most of those through
+tensor slots -- with this process (the *survivor*), kills it with SIGKILL at a random
+moment (a random delay, or a point the victim announces), and checks:
+
+* the survivor's pending and next operations raise ``BrokenResourceError`` (or, during
+  a handshake, a handshake error) within ``DETECT_S`` = 100 ms of the kill, and never
+  hang (``HANG_S``);
+* every record received was checked: sequence numbers gap-free, duplicate-free and in
+  order, payload and array checksums intact (held arrays are checked again when let go,
+  and after the producer died);
+* every slot of the survivor's send pool is free again once the consumer died;
+* no ``/dev/shm`` name of the victim or of this process is left, nor a socket file
+  (the autouse guard in conftest.py checks the whole test as well).
+
+A round whose detection took longer than 100 ms is run again with the same seed (the
+machine has 2 vCPUs shared with other work); only a bound missed on every attempt
+fails.  The seed is printed; ``RINGWIRE_CHAOS_SEED=<seed>`` replays a run and
+``RINGWIRE_CHAOS_KILLS=<n>`` changes its length (``pytest --long`` runs 1000 kills).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import numpy as np
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+import ringwire
+import runtime
+from ringwire import BrokenResourceError, EndOfStream
+from ringwire._segment import is_segment_name, name_pid
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from chaos_workers import (  # noqa: E402
+    CHAOS_SLOTS,
+    Child,
+    check_record,
+    make_record,
+    recheck,
+)
+
+WORKER = str(HERE / "chaos_workers.py")
+DETECT_S = 0.100  # a survivor reports the death within this
+HANG_S = 5.0  # nothing may take longer than this once the victim is dead
+RETRIES = 2  # a round that misses DETECT_S is run again (same seed) this often
+KiB = 1 << 10
+FULL_POOL = {4 * KiB: 8, 64 * KiB: 4}  # CHAOS_SLOTS, every slot free
+CI_KILLS = {"asyncio": 70, "trio": 40}  # plus the runtime workers' kills below
+LONG_KILLS = {"asyncio": 600, "trio": 400}
+
+pytestmark = [pytest.mark.multiprocess]
+
+
+def chaos_seed() -> int:
+    env = os.environ.get("RINGWIRE_CHAOS_SEED")
+    return int(env) if env else random.SystemRandom().randrange(1 << 32)
+
+
+def shm_names_of(pids: set[int]) -> set[str]:
+    out = set()
+    for n in os.listdir("/dev/shm"):
+        if is_segment_name("/" + n) and name_pid("/" + n) in pids:
+            out.add(n)
+    return out
+
+
+# ======================================================================================
+# victims: child processes started ahead of time, told their role on stdin
+# ======================================================================================
+
+
+class VictimFailed(AssertionError):
+    pass
+
+
+class Victim:
+    def __init__(self, proc: anyio.abc.Process) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        assert proc.stdout is not None
+        self._out = BufferedByteReceiveStream(proc.stdout)
+        self.log: list[str] = []
+        self.errors: list[str] = []
+        self.points: dict[str, dict[str, Any]] = {}
+        self.killed_at: float | None = None
+        self.reaped = False
+
+    async def line(self) -> str | None:
+        try:
+            raw = await self._out.receive_until(b"\n", 1 << 20)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
+            return None
+        text = raw.decode(errors="replace")
+        self.log.append(text)
+        if text.startswith("E "):
+            self.errors.append(text[2:])
+        elif text.startswith("P "):
+            name, _, info = text[2:].partition(" ")
+            self.points[name] = json.loads(info or "{}")
+        return text
+
+    async def until(self, name: str, timeout: float = 20.0) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            while name not in self.points:
+                if self.errors:
+                    raise VictimFailed(f"victim {self.pid}: {self.errors}")
+                if await self.line() is None:
+                    raise VictimFailed(f"victim {self.pid} ended before {name!r}: {self.log}")
+        return self.points[name]
+
+    async def begin(self, cfg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send((json.dumps(cfg) + "\n").encode())
+
+    def kill(self) -> float:
+        self.killed_at = time.perf_counter()
+        os.kill(self.pid, signal.SIGKILL)
+        return self.killed_at
+
+    async def reap(self) -> int:
+        """Read what it said, wait for it; its exit status."""
+        if not self.reaped:
+            with anyio.fail_after(HANG_S), anyio.CancelScope(shield=True):
+                while await self.line() is not None:
+                    pass
+                await self.proc.wait()
+                await self.proc.aclose()
+            self.reaped = True
+        code = self.proc.returncode
+        assert code is not None
+        return code
+
+    async def dispose(self) -> None:
+        """Make sure it is gone (after a failed round)."""
+        if self.reaped:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            await self.reap()
+
+
+class Victims:
+    """A few victims started ahead of time: a round takes a started one."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup, spares: int = 2) -> None:
+        self._tg = tg
+        self._spares = spares
+        self._ready: deque[Victim] = deque()
+        self._starting = 0
+        self._changed = anyio.Event()
+        self._error: BaseException | None = None
+        self.started = 0
+
+    async def _start_one(self) -> None:
+        try:
+            proc = await anyio.open_process(
+                [sys.executable, WORKER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            v = Victim(proc)
+            with anyio.fail_after(60):
+                first = await v.line()
+            if first != "ready":
+                await v.dispose()
+                raise VictimFailed(f"a victim did not start: {first!r} {v.log}")
+            self._ready.append(v)
+            self.started += 1
+        except BaseException as exc:
+            self._error = exc
+            raise
+        finally:
+            self._starting -= 1
+            self._changed.set()
+
+    def _top_up(self) -> None:
+        while len(self._ready) + self._starting < self._spares + 1:
+            self._starting += 1
+            self._tg.start_soon(self._start_one)
+
+    async def get(self) -> Victim:
+        while True:
+            self._top_up()
+            if self._ready:
+                v = self._ready.popleft()
+                self._top_up()
+                return v
+            if self._error is not None:
+                raise self._error
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.fail_after(60):
+            while self._starting:
+                self._changed = anyio.Event()
+                await self._changed.wait()
+            while self._ready:
+                v = self._ready.popleft()
+                assert v.proc.stdin is not None
+                await v.proc.stdin.aclose()  # "not needed": it exits 0
+                await v.reap()
+
+
+# ======================================================================================
+# the survivor's side: one interface over Channel (asyncio, trio) and SyncChannel
+# ======================================================================================
+
+
+class Side:
+    """The survivor's end of one connection.  Records when each kind of operation
+    first raised ``BrokenResourceError`` (``perf_counter``)."""
+
+    def __init__(self, ch: Any) -> None:
+        self.ch = ch
+        self.broken: dict[str, float] = {}
+
+    def _mark(self, op: str) -> None:
+        self.broken.setdefault(op, time.perf_counter())
+
+    async def send(self, item: Any) -> None:
+        raise NotImplementedError
+
+    async def receive(self) -> Any:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    def statistics(self) -> ringwire.ChannelStatistics:
+        return self.ch.statistics()
+
+
+class AsyncSide(Side):
+    async def send(self, item: Any) -> None:
+        try:
+            await self.ch.send(item)
+        except BrokenResourceError:
+            self._mark("send")
+            raise
+
+    async def receive(self) -> Any:
+        try:
+            return await self.ch.receive()
+        except BrokenResourceError:
+            self._mark("receive")
+            raise
+
+    async def aclose(self) -> None:
+        await self.ch.aclose()
+
+
+class SyncSide(Side):
+    """Each operation runs the blocking API in a worker thread (one sender and one
+    receiver at a time, as SyncChannel allows)."""
+
+    def _send(self, item: Any) -> None:
+        try:
+            self.ch.send(item, timeout=HANG_S)
+        except BrokenResourceError:
+            self._mark("send")
+            raise
+
+    def _receive(self) -> list[Any]:
+        try:
+            # boxed: a worker thread keeps its last result alive until its next job,
+            # and a received slot array must not outlive the test's references
+            return [self.ch.receive(timeout=HANG_S)]
+        except BrokenResourceError:
+            self._mark("receive")
+            raise
+
+    async def send(self, item: Any) -> None:
+        await anyio.to_thread.run_sync(self._send, item)
+
+    async def receive(self) -> Any:
+        return (await anyio.to_thread.run_sync(self._receive)).pop()
+
+    async def aclose(self) -> None:
+        self.ch.close()
+
+
+# ======================================================================================
+# rounds
+# ======================================================================================
+
+
+@dataclass
+class Round:
+    scenario: str
+    survivor: str  # "asyncio", "trio", "sync"
+    seed: int
+    victim: str = ""  # what was killed: "consumer", "producer", "client", "listener", ...
+    latencies: dict[str, float] = field(default_factory=dict)  # operation -> seconds
+    records: int = 0  # records checked end to end
+    outcome: str = ""  # for handshake kills: "refused", "accepted", "no contact", ...
+    sends_after: int | None = None  # a sender that never waits: records sent after the kill
+
+    @property
+    def worst(self) -> float:
+        return max(self.latencies.values(), default=0.0)
+
+
+class Harness:
+    def __init__(
+        self, tmp: Path, backend: str, lst: ringwire.Listener, sync_lst: Any, victims: Victims
+    ) -> None:
+        self.tmp = tmp
+        self.backend = backend
+        self.lst = lst
+        self.sync_lst = sync_lst
+        self.victims = victims
+        self.strays = 0
+        self.n_server_paths = 0
+
+    # -- connections from victims ------------------------------------------------------
+
+    async def accept_from(self, pid: int, survivor: str, timeout: float = 20.0) -> Side:
+        if survivor == "sync":
+            deadline = time.monotonic() + timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no connection from victim {pid}")
+                try:
+                    sch = await anyio.to_thread.run_sync(self.sync_lst.accept, min(left, 1.0))
+                except TimeoutError:
+                    continue
+                if sch.peer_pid == pid:
+                    return SyncSide(sch)
+                await self._stray(SyncSide(sch))
+        with anyio.fail_after(timeout):
+            while True:
+                ch = await self.lst.accept()
+                if ch.peer_pid == pid:
+                    return AsyncSide(ch)
+                await self._stray(AsyncSide(ch))
+
+    async def _stray(self, side: Side) -> None:
+        """A connection whose victim was killed around its handshake in an earlier
+        round: it must report the death (its process is long gone)."""
+        self.strays += 1
+        with anyio.fail_after(HANG_S):
+            with pytest.raises((BrokenResourceError, EndOfStream)):
+                await side.receive()
+        await side.aclose()
+
+    def victim_cfg(self, rng: random.Random, role: str, survivor: str, **kw: Any) -> dict[str, Any]:
+        cfg = {
+            "role": role,
+            "path": str(self.tmp / ("sync.sock" if survivor == "sync" else "async.sock")),
+            "backend": rng.choice(["asyncio", "trio"]),
+            "salt": rng.randrange(1 << 30),
+            "capacity": rng.choice([8 * KiB, 64 * KiB]),
+            "spin_us": rng.choice([0, 50]),
+        }
+        cfg.update(kw)
+        return cfg
+
+    # -- after a kill ------------------------------------------------------------------
+
+    async def finish(self, v: Victim, r: Round, before: set[str]) -> None:
+        code = await v.reap()
+        assert not v.errors, f"victim {v.pid} ({r.scenario}) reported: {v.errors}"
+        assert code == -signal.SIGKILL, f"victim {v.pid} exited {code}: {v.log[-5:]}"
+        # the listener sweeps names of a client that died before its Hello at once
+        deadline = time.monotonic() + 2.0
+        while True:
+            left = shm_names_of({v.pid}) | (shm_names_of({os.getpid()}) - before)
+            if not left or time.monotonic() > deadline:
+                break
+            await anyio.sleep(0.01)
+        assert not left, f"{r.scenario}: /dev/shm names left behind: {sorted(left)}"
+
+
+async def _killer(v: Victim, delay: float, after: str | None = None) -> None:
+    if after is not None:
+        await v.until(after)
+    await anyio.sleep(delay)
+    v.kill()
+
+
+def _latency(r: Round, side: Side, v: Victim, *ops: str) -> None:
+    assert v.killed_at is not None
+    for op in ops:
+        assert op in side.broken, f"{r.scenario}: {op} never raised BrokenResourceError"
+        r.latencies[op] = side.broken[op] - v.killed_at
+
+
+def _slots_all_back(side: Side, r: Round) -> None:
+    stats = side.statistics()
+    assert stats.slots_in_use == 0, f"{r.scenario}: {stats.slots_in_use} slots still in use"
+    assert stats.loans_outstanding == 0
+    assert stats.slots_free == FULL_POOL, stats.slots_free
+
+
+# -- the victim consumes: the survivor produces ------------------------------------------
+
+
+async def consumer_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
+    """Kill a consumer: streaming flat out / slowly, holding every slot, or parked."""
+    r.victim = "consumer"
+    kw: dict[str, Any] = {"ack_every": rng.choice([1, 8, 64])}
+    quiet = mode.startswith("quiet")  # we only send: nothing to receive, no acks
+    if quiet:
+        kw["ack_every"] = 1 << 40
+    if mode == "hold":
+        kw.update(hold=1 << 30, holding_at=rng.randint(1, 4))  # blocks at >= 4
+    elif mode == "parked":
+        kw.update(ack_every=1)
+    else:
+        kw.update(hold=rng.choice([0, 0, 4, 11]))
+    if mode != "hold":
+        kw["backend"] = rng.choice(["asyncio", "trio", "sync"])
+    cfg = h.victim_cfg(rng, "consumer", r.survivor, **kw)
+    salt = cfg["salt"]
+    pace = rng.uniform(0.0005, 0.003) if mode in ("slow", "quiet-slow") else 0.0
+    await v.begin(cfg)
+    side = await h.accept_from(v.pid, r.survivor)
+    sent = 0  # records whose send began (an ack can overtake the send's return)
+    acked = 0
+
+    async def produce() -> None:
+        nonlocal sent
+        with contextlib.suppress(BrokenResourceError):
+            while True:
+                sent += 1
+                await side.send(make_record(sent - 1, salt))
+                if pace:
+                    await anyio.sleep(pace)
+
+    async def acks(until: int | None = None) -> None:
+        nonlocal acked
+        while until is None or acked < until:
+            msg = await side.receive()
+            assert msg[0] == "ack" and acked < msg[1] <= sent, (msg, acked, sent)
+            acked = msg[1]
+
+    try:
+        if mode == "parked":
+            k = rng.randint(1, 40)
+            for _ in range(k):
+                sent += 1
+                await side.send(make_record(sent - 1, salt))
+            with anyio.fail_after(HANG_S):
+                await acks(k)
+            # both sides park: the victim in receive, we in receive
+            with anyio.fail_after(HANG_S):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_killer, v, rng.uniform(0.005, 0.05))
+                    with pytest.raises(BrokenResourceError):
+                        await acks()
+            with pytest.raises(BrokenResourceError):
+                await side.send(make_record(sent, salt))
+            _latency(r, side, v, "receive")
+        elif quiet:
+            at_kill: list[int] = []
+
+            async def kill_and_count() -> None:
+                await _killer(v, rng.uniform(0.002, 0.12), "connected")
+                at_kill.append(sent)
+
+            with anyio.fail_after(HANG_S * 4):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(kill_and_count)
+                    await produce()
+            _latency(r, side, v, "send")
+            r.sends_after = sent - at_kill[0]
+            r.records = 0  # nothing acknowledged
+        else:
+            after = "holding" if mode == "hold" else "connected"
+            delay = rng.uniform(0, 0.02) if mode == "hold" else rng.uniform(0.002, 0.12)
+            with anyio.fail_after(HANG_S * 4):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_killer, v, delay, after)
+                    tg.start_soon(produce)
+                    with contextlib.suppress(BrokenResourceError):
+                        await acks()
+            with anyio.fail_after(HANG_S):
+                with pytest.raises(BrokenResourceError):
+                    await side.send(make_record(sent, salt))
+            _latency(r, side, v, "receive", "send")
+        r.records = max(r.records, acked)  # checked by the victim, acknowledged to us
+        _slots_all_back(side, r)
+    finally:
+        await side.aclose()
+
+
+# -- the victim produces: the survivor consumes ------------------------------------------
+
+
+async def producer_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
+    """Kill a producer: streaming, parked on a full ring, waiting for a slot, slow,
+    with loans, or idle after sending everything."""
+    r.victim = "producer"
+    kw: dict[str, Any] = {}
+    if mode == "slow":
+        kw["pace"] = rng.uniform(0.0005, 0.003)
+    elif mode == "loans":
+        kw["loans"] = True
+    elif mode == "sent_all":
+        kw["count"] = rng.randint(1, 300)
+    cfg = h.victim_cfg(rng, "producer", r.survivor, **kw)
+    salt = cfg["salt"]
+    await v.begin(cfg)
+    side = await h.accept_from(v.pid, r.survivor)
+    hold = 1 << 30 if mode == "slotwait" else rng.choice([0, 0, 3, 10])
+    held: deque[Any] = deque()
+    n = 0
+
+    async def consume() -> None:
+        nonlocal n
+        with contextlib.suppress(BrokenResourceError):
+            while True:
+                rec = await side.receive()
+                err = check_record(rec, n)
+                assert err is None, f"{r.scenario}: {err}"
+                n += 1
+                if hold:
+                    held.append(rec)
+                    if len(held) > hold:
+                        err = recheck(held.popleft())
+                        assert err is None, err
+                del rec
+
+    try:
+        if mode == "full":
+            await v.until("connected")
+            await anyio.sleep(rng.uniform(0.01, 0.06))  # the victim fills the ring, parks
+            v.kill()
+            with anyio.fail_after(HANG_S):
+                await consume()
+        elif mode == "sent_all":
+            count = cfg["count"]
+            with anyio.fail_after(HANG_S * 4):
+                while n < count:
+                    rec = await side.receive()
+                    assert check_record(rec, n) is None, check_record(rec, n)
+                    n += 1
+                    del rec
+                await v.until("sent_all")
+            with anyio.fail_after(HANG_S):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_killer, v, rng.uniform(0.005, 0.03))
+                    await consume()
+            assert n == count, f"{count} records sent, {n} received"
+        else:
+            delay = rng.uniform(0.02, 0.1) if mode == "slotwait" else rng.uniform(0.002, 0.12)
+            with anyio.fail_after(HANG_S * 4):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_killer, v, delay, "connected")
+                    await consume()
+        _latency(r, side, v, "receive")
+        with pytest.raises(BrokenResourceError):
+            await side.send(make_record(0, salt))
+        # views of the dead producer's slots stay valid and unchanged
+        while held:
+            err = recheck(held.popleft())
+            assert err is None, err
+        r.records = n
+    finally:
+        held.clear()
+        await side.aclose()
+
+
+# -- request/response: the victim is the client ---------------------------------------------
+
+
+async def echo_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
+    """Kill a client in a request/response loop (mid-send, mid-receive or parked)."""
+    r.victim = "client"
+    cfg = h.victim_cfg(rng, "echo_client", r.survivor)
+    await v.begin(cfg)
+    side = await h.accept_from(v.pid, r.survivor)
+    n = 0
+    try:
+        with anyio.fail_after(HANG_S * 4):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_killer, v, rng.uniform(0.002, 0.1), "connected")
+                with contextlib.suppress(BrokenResourceError):
+                    while True:
+                        req = await side.receive()
+                        assert check_record(req, n) is None, check_record(req, n)
+                        await side.send(req)  # its array goes back through our slots
+                        n += 1
+                        del req
+        _latency(r, side, v, "receive")
+        r.records = n
+        _slots_all_back(side, r)
+    finally:
+        await side.aclose()
+
+
+# -- the victim listens: the survivor is the client ------------------------------------------
+
+
+async def server_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
+    """Kill a listener during the handshake, or while it echoes our requests."""
+    r.victim = "listener"
+    h.n_server_paths += 1
+    path = str(h.tmp / f"srv{h.n_server_paths}.sock")
+    cfg = h.victim_cfg(rng, "server", r.survivor, path=path)
+    spin_us = rng.choice([0, 50])
+    await v.begin(cfg)
+    await v.until("listening")
+    side: Side | None = None
+    try:
+        if mode == "handshake":
+            errors: list[BaseException] = []
+            failed_at: list[float] = []
+
+            async def dial() -> None:
+                nonlocal side
+                try:
+                    if r.survivor == "sync":
+                        side = SyncSide(
+                            await anyio.to_thread.run_sync(
+                                lambda: ringwire.connect_sync(
+                                    path, slots=CHAOS_SLOTS, spin_us=spin_us, timeout=HANG_S
+                                )
+                            )
+                        )
+                    else:
+                        side = AsyncSide(
+                            await ringwire.connect(
+                                path, slots=CHAOS_SLOTS, spin_us=spin_us, timeout=HANG_S
+                            )
+                        )
+                except (ringwire.HandshakeError, OSError) as exc:
+                    failed_at.append(time.perf_counter())
+                    errors.append(exc)
+                    side = None
+
+            with anyio.fail_after(HANG_S * 2):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(dial)
+                    await anyio.sleep(rng.uniform(0, 0.004))
+                    v.kill()
+            if side is not None:
+                r.outcome = "connected"
+                with anyio.fail_after(HANG_S), pytest.raises(BrokenResourceError):
+                    await side.receive()
+                _latency(r, side, v, "receive")
+            else:
+                r.outcome = "refused"
+                assert v.killed_at is not None and failed_at, errors
+                if failed_at[0] < v.killed_at:
+                    raise AssertionError(f"connect failed before the kill: {errors}")
+                r.latencies["connect"] = failed_at[0] - v.killed_at
+        else:
+            if r.survivor == "sync":
+                side = SyncSide(
+                    await anyio.to_thread.run_sync(
+                        lambda: ringwire.connect_sync(path, slots=CHAOS_SLOTS, spin_us=spin_us)
+                    )
+                )
+            else:
+                side = AsyncSide(await ringwire.connect(path, slots=CHAOS_SLOTS, spin_us=spin_us))
+            salt = cfg["salt"]
+            n = 0
+            with anyio.fail_after(HANG_S * 4):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_killer, v, rng.uniform(0.002, 0.1), "accepted")
+                    with contextlib.suppress(BrokenResourceError):
+                        while True:
+                            await side.send(make_record(n, salt))
+                            reply = await side.receive()
+                            assert check_record(reply, n) is None, check_record(reply, n)
+                            n += 1
+                            del reply
+            assert "receive" in side.broken or "send" in side.broken
+            r.latencies["first"] = min(side.broken.values()) - (v.killed_at or 0.0)
+            r.records = n
+            _slots_all_back(side, r)
+    finally:
+        if side is not None:
+            await side.aclose()
+    # the dead listener's socket file stays; a new listener at that path replaces it
+    await v.reap()  # (a dying listener's socket may still accept for a moment)
+    if os.path.exists(path):
+        async with ringwire.listen(path, slots=None):
+            pass
+    assert not os.path.exists(path)
+
+
+# -- killed during the handshake: the survivor is the listener --------------------------------
+
+
+async def handshake_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
+    """Kill a client while it connects (creating and announcing its segments)."""
+    r.victim = "client"
+    slots = "default" if mode == "bigpool" else "chaos"
+    cfg = h.victim_cfg(rng, "consumer", r.survivor, slots=slots, backend="asyncio")
+    window = 0.04 if slots == "default" else 0.004
+    lst = h.sync_lst if r.survivor == "sync" else h.lst
+    before = lst.refused if r.survivor == "sync" else lst.statistics().refused
+    await v.begin(cfg)
+    await v.until("connecting")
+    await anyio.sleep(rng.uniform(0, window))
+    v.kill()
+    side: Side | None = None
+    # what did the listener see?  A refused handshake, a connection, or nothing yet
+    with anyio.fail_after(HANG_S):
+        while True:
+            if r.survivor == "sync":
+                with contextlib.suppress(TimeoutError):
+                    sch = await anyio.to_thread.run_sync(h.sync_lst.accept, 0.05)
+                    side = SyncSide(sch)
+                refused = h.sync_lst.refused
+            else:
+                with anyio.move_on_after(0.05):
+                    side = AsyncSide(await h.lst.accept())
+                refused = h.lst.statistics().refused
+            if side is not None:
+                assert side.ch.peer_pid == v.pid, "a connection from an earlier victim"
+                r.outcome = "accepted"
+                break
+            if refused > before:
+                r.outcome = "refused"
+                break
+            if time.perf_counter() - (v.killed_at or 0.0) > 0.3:
+                r.outcome = "no contact"  # killed before it reached the listener
+                break
+    if side is not None:
+        try:
+            with anyio.fail_after(HANG_S), pytest.raises(BrokenResourceError):
+                await side.receive()
+            _latency(r, side, v, "receive")
+        finally:
+            await side.aclose()
+
+
+SCENARIOS: dict[str, tuple[Callable[..., Awaitable[None]], str]] = {
+    "consumer/stream": (consumer_round, "stream"),
+    "consumer/slow": (consumer_round, "slow"),
+    "consumer/holding-slots": (consumer_round, "hold"),
+    "consumer/parked": (consumer_round, "parked"),
+    "consumer/we-only-send": (consumer_round, "quiet"),
+    "consumer/we-only-send-slowly": (consumer_round, "quiet-slow"),
+    "producer/stream": (producer_round, "stream"),
+    "producer/slow": (producer_round, "slow"),
+    "producer/loans": (producer_round, "loans"),
+    "producer/ring-full": (producer_round, "full"),
+    "producer/slot-wait": (producer_round, "slotwait"),
+    "producer/parked-after-all": (producer_round, "sent_all"),
+    "client/request-response": (echo_round, "echo"),
+    "listener/handshake": (server_round, "handshake"),
+    "listener/request-response": (server_round, "echo"),
+    "client/handshake": (handshake_round, "small"),
+    "client/handshake-big-pool": (handshake_round, "bigpool"),
+}
+
+
+@dataclass
+class Report:
+    seed: int
+    kills: int = 0
+    records: int = 0
+    retried: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    by_kind: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    worst: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    sends_after: list[int] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lat = sorted(self.latencies) or [0.0]
+        p50 = lat[len(lat) // 2]
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        return (
+            f"seed {self.seed}: {self.kills} kills, {self.records} records checked, detection "
+            f"p50 {p50 * 1e3:.1f} ms p99 {p99 * 1e3:.1f} ms max {self.worst * 1e3:.1f} ms; "
+            f"reruns {len(self.retried)}; by kind {dict(sorted(self.by_kind.items()))}; "
+            f"handshake outcomes {dict(self.outcomes)}; sends that succeeded after the kill "
+            f"(a sender that never waits) max {max(self.sends_after, default=0)}"
+        )
+
+
+async def run_round(h: Harness, name: str, survivor: str, seed: int, report: Report) -> Round:
+    fn, mode = SCENARIOS[name]
+    v = await h.victims.get()
+    r = Round(name, survivor, seed)
+    before = shm_names_of({os.getpid()})
+    try:
+        await fn(h, v, r, random.Random(seed), mode)
+    except BaseException as exc:
+        await v.dispose()
+        if isinstance(exc, Exception):
+            raise AssertionError(
+                f"chaos round {name} (survivor {survivor}, seed {seed}, victim pid {v.pid}) "
+                f"failed: {exc!r}\nvictim said: {v.log[-8:]}"
+            ) from exc
+        raise
+    report.kills += 1
+    await h.finish(v, r, before)
+    return r
+
+
+async def chaos(tmp: Path, backend: str, kills: int, seed: int) -> Report:
+    rng = random.Random(seed)
+    report = Report(seed)
+    survivors = ["asyncio", "sync"] if backend == "asyncio" else ["trio"]
+    only = os.environ.get("RINGWIRE_CHAOS_ONLY")  # e.g. "consumer/parked,producer/slow"
+    names = only.split(",") if only else list(SCENARIOS)
+    sync_lst = None
+    try:
+        async with anyio.create_task_group() as tg:
+            victims = Victims(tg)
+            try:
+                async with ringwire.listen(
+                    tmp / "async.sock", slots=CHAOS_SLOTS, spin_us=rng.choice([0, 50])
+                ) as lst:
+                    sync_lst = ringwire.SyncListener(
+                        tmp / "sync.sock", slots=CHAOS_SLOTS, spin_us=rng.choice([0, 50])
+                    )
+                    h = Harness(tmp, backend, lst, sync_lst, victims)
+                    i = 0
+                    while report.kills < kills:
+                        name = names[i % len(names)] if i < len(names) else rng.choice(names)
+                        survivor = rng.choice(survivors)
+                        i += 1
+                        round_seed = rng.randrange(1 << 32)
+                        for attempt in range(RETRIES + 1):
+                            r = await run_round(h, name, survivor, round_seed, report)
+                            if r.worst <= DETECT_S:
+                                break
+                            what = (
+                                f"{name} (survivor {survivor}, seed {round_seed}): "
+                                f"{ {k: round(x * 1e3, 1) for k, x in r.latencies.items()} } ms"
+                            )
+                            if attempt < RETRIES:
+                                report.retried.append(what)
+                            else:
+                                report.violations.append(what)
+                        report.by_kind[f"{r.victim}"] += 1
+                        if os.environ.get("RINGWIRE_CHAOS_VERBOSE"):
+                            print(
+                                f"  {name:28} {survivor:7} {r.outcome or r.sends_after or '':10} "
+                                f"records {r.records:6} "
+                                + " ".join(f"{k}={x * 1e3:.1f}ms" for k, x in r.latencies.items())
+                            )
+                        if r.outcome:
+                            report.outcomes[r.outcome] += 1
+                        if r.sends_after is not None:
+                            report.sends_after.append(r.sends_after)
+                        report.records += r.records
+                        report.latencies.extend(r.latencies.values())
+                        report.worst = max(report.worst, r.worst)
+            finally:
+                await victims.aclose()
+    finally:
+        if sync_lst is not None:
+            sync_lst.close()
+    return report
+
+
+def run_chaos(tmp_path: Path, backend: str, kills: int) -> Report:
+    seed = chaos_seed()
+    print(f"chaos[{backend}]: seed {seed} (RINGWIRE_CHAOS_SEED={seed} replays it), {kills} kills")
+    t0 = time.monotonic()
+    report = anyio.run(chaos, tmp_path, backend, kills, seed, backend=backend)
+    print(f"chaos[{backend}]: {report.summary()} in {time.monotonic() - t0:.1f} s")
+    for what in report.retried:
+        print(f"  rerun (missed {DETECT_S * 1e3:.0f} ms once): {what}")
+    assert not report.violations, (
+        f"seed {seed}: survivors missed the {DETECT_S * 1e3:.0f} ms bound on every attempt: "
+        f"{report.violations}"
+    )
+    assert report.kills >= kills
+    return report
+
+
+def _kills(backend: str, long: bool) -> int:
+    env = os.environ.get("RINGWIRE_CHAOS_KILLS")
+    if env:
+        share = CI_KILLS[backend] / sum(CI_KILLS.values())
+        return max(1, round(int(env) * share))
+    return (LONG_KILLS if long else CI_KILLS)[backend]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_chaos_kills(tmp_path: Path, backend: str) -> None:
+    """Kill victims of every kind at random moments (asyncio run: survivors on asyncio
+    and on the blocking API; trio run: survivors on trio)."""
+    run_chaos(tmp_path, backend, _kills(backend, long=False))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_chaos_kills_long(tmp_path: Path, backend: str) -> None:
+    run_chaos(tmp_path, backend, _kills(backend, long=True))
+
+
+# ======================================================================================
+# runtime workers: kill -9 them while they serve, and while they start
+# ======================================================================================
+
+RUNTIME_CI_KILLS = 20
+RUNTIME_LONG_KILLS = 150
+
+
+async def runtime_chaos(kills: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    policy = runtime.Restart(max_restarts=1_000_000, window=1.0, backoff=0.0)
+    workers = [
+        runtime.Worker(
+            f"w{i}",
+            "chaos_workers:chaos_echo",
+            policy=policy,
+            slots=CHAOS_SLOTS,
+            spin_us=rng.choice([0, 50]),
+            backend=rng.choice(["asyncio", "trio"]),
+            capacity=rng.choice([8 * KiB, 64 * KiB]),
+            options={"salt": rng.randrange(1, 1 << 30)},
+        )
+        for i in range(2)
+    ]
+    killed: dict[int, tuple[float, str]] = {}  # pid -> (perf_counter at the kill, when)
+    broken: dict[int, float] = {}  # pid -> when the front's channel reported it
+    stats = Counter[str]()
+    latencies: list[float] = []
+    done = anyio.Event()
+    topo = runtime.Topology(workers, slots=CHAOS_SLOTS, ready_timeout=60, drain_timeout=5)
+
+    async def drive(name: str) -> None:
+        """Request/response with worker ``name``: record i, echo of record i, checked;
+        after a death, wait for the restarted worker and start again from 0."""
+        salt = rng.randrange(1 << 30)
+        chan: ringwire.Channel | None = None
+        while not done.is_set():
+            try:
+                chan = await topo.wait_channel(name, replacing=chan)
+            except runtime.WorkerGone:
+                return
+            n = 0
+            try:
+                while not done.is_set():
+                    await chan.send(make_record(n, salt))
+                    reply = await chan.receive()
+                    assert check_record(reply, n) is None, check_record(reply, n)
+                    n += 1
+                    del reply
+            except BrokenResourceError:
+                broken[chan.peer_pid] = time.perf_counter()
+            except EndOfStream:
+                return  # the topology is stopping
+            finally:
+                stats["records"] += n
+
+    async def killer() -> None:
+        while stats["kills"] < kills:
+            await anyio.sleep(rng.uniform(0.02, 0.25))
+            name = rng.choice(topo.names)
+            when = rng.choice(["serving", "serving", "starting"])
+            if when == "starting":
+                # wait for this worker's next start-up (kill the serving one first)
+                st = topo.status()[name]
+                if st.state == "ready" and st.pid:
+                    killed[st.pid] = (time.perf_counter(), "serving")
+                    os.kill(st.pid, signal.SIGKILL)
+                    stats["kills"] += 1
+                    stats["kills serving"] += 1
+                with anyio.fail_after(30):
+                    while True:
+                        st = topo.status()[name]
+                        if st.state == "starting" and st.pid and st.pid not in killed:
+                            break
+                        await anyio.sleep(0.001)
+                await anyio.sleep(rng.uniform(0, 0.4))  # imports, then the handshake
+            else:
+                with anyio.fail_after(30):
+                    while True:
+                        st = topo.status()[name]
+                        if st.state == "ready" and st.pid and st.pid not in killed:
+                            break
+                        await anyio.sleep(0.005)
+            st = topo.status()[name]
+            if st.pid and st.pid not in killed and st.state in ("starting", "ready"):
+                killed[st.pid] = (time.perf_counter(), st.state)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(st.pid, signal.SIGKILL)
+                stats["kills"] += 1
+                stats[f"kills {'starting' if st.state == 'starting' else 'serving'}"] += 1
+        done.set()
+
+    async with topo:
+        with topo.subscribe(max_buffer=10_000) as events:
+
+            async def watch() -> None:
+                async for ev in events:
+                    if isinstance(ev, runtime.WorkerExit) and not ev.expected:
+                        assert ev.signal == signal.SIGKILL, ev.describe()
+                        assert ev.pid in killed, f"a worker died that we did not kill: {ev}"
+                        assert ev.slots_in_use_after == 0, ev.describe()
+                        stats["slots reclaimed"] += ev.slots_reclaimed
+                        stats["names swept by the supervisor"] += len(ev.swept)
+                        stats["exits"] += 1
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                with anyio.fail_after(HANG_S * 2 * kills + 60):
+                    async with anyio.create_task_group() as work:
+                        for name in topo.names:
+                            work.start_soon(drive, name)
+                        await killer()
+                        # every death reported, the last restarts settled: stop the drivers
+                        while stats["exits"] < stats["kills"]:
+                            await anyio.sleep(0.01)
+                        for name in topo.names:
+                            await topo.wait_channel(name, replacing=None)
+                        work.cancel_scope.cancel()
+                await topo.stop()
+                tg.cancel_scope.cancel()
+    assert topo.state == "stopped"
+    # a worker killed while serving: the front's channel reported it within DETECT_S
+    for pid, (at, when) in killed.items():
+        if when == "ready" or when == "serving":
+            if pid in broken:
+                latencies.append(broken[pid] - at)
+    return {"stats": stats, "latencies": latencies, "killed": killed, "broken": broken}
+
+
+def run_runtime_chaos(kills: int) -> None:
+    seed = chaos_seed()
+    print(f"runtime chaos: seed {seed} (RINGWIRE_CHAOS_SEED={seed} replays it), {kills} kills")
+    t0 = time.monotonic()
+    out = anyio.run(runtime_chaos, kills, seed)
+    stats, lat = out["stats"], sorted(out["latencies"])
+    print(
+        f"runtime chaos: seed {seed}: {dict(stats)}; front detection over {len(lat)} kills "
+        f"while serving: max {max(lat, default=0) * 1e3:.1f} ms, in {time.monotonic() - t0:.1f} s"
+    )
+    assert stats["kills"] >= kills and stats["exits"] >= kills, stats
+    assert stats["kills serving"] and lat, "no worker was killed while serving"
+    slow = [x for x in lat if x > DETECT_S]
+    # the front may be between a reply and its next request, or restarting: a latency
+    # is only counted when its channel was in use; allow scheduling outliers, not hangs
+    assert len(slow) <= max(1, len(lat) // 10), f"seed {seed}: detections over 100 ms: {slow}"
+    assert max(lat) < 1.0, f"seed {seed}: a front took {max(lat):.3f} s to notice a death"
+
+
+@pytest.mark.timeout(300)
+def test_chaos_runtime_workers() -> None:
+    """Kill runtime workers while they serve and while they start: the front's channel
+    reports each death, the supervisor reclaims the slots, sweeps the names and restarts
+    the worker; requests are checked end to end per incarnation."""
+    env = os.environ.get("RINGWIRE_CHAOS_KILLS")
+    run_runtime_chaos(max(4, int(env) // 6) if env else RUNTIME_CI_KILLS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_chaos_runtime_workers_long() -> None:
+    run_runtime_chaos(RUNTIME_LONG_KILLS)
+
+
+# ======================================================================================
+# SIGSTOP / SIGCONT: the other side waits (bounded by its timeouts) and resumes
+# ======================================================================================
+
+
+def _stop_for(pid: int, seconds: float) -> threading.Thread:
+    """SIGSTOP ``pid`` now, SIGCONT it ``seconds`` later (from a thread)."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def cont() -> None:
+        time.sleep(seconds)
+        os.kill(pid, signal.SIGCONT)
+
+    t = threading.Thread(target=cont)
+    t.start()
+    return t
+
+
+STOP_S = 0.3
+POLL_S = 0.05
+
+
+@pytest.mark.parametrize("api", ["asyncio", "sync"])
+def test_sigstop_producer_consumer_waits_and_resumes(tmp_path: Path, api: str) -> None:
+    n, stop_at = 3000, 500
+    path = str(tmp_path / "p.sock")
+    cfg = {
+        "role": "producer",
+        "path": path,
+        "backend": "asyncio",
+        "salt": 7,
+        "count": n,
+        "capacity": 64 * KiB,
+    }
+    timeouts = 0
+    got = 0
+
+    def check(rec: Any) -> None:
+        nonlocal got
+        assert check_record(rec, got) is None, check_record(rec, got)
+        got += 1
+
+    if api == "sync":
+        with ringwire.SyncListener(path, slots=CHAOS_SLOTS) as sl, Child(cfg) as child:
+            with sl.accept(timeout=30) as ch:
+                while got < stop_at:
+                    check(ch.receive(timeout=HANG_S))
+                t = _stop_for(child.pid, STOP_S)
+                while got < n:
+                    try:
+                        check(ch.receive(timeout=POLL_S))
+                    except TimeoutError:
+                        timeouts += 1
+                t.join()
+                child.until("P sent_all")
+            assert child.finish() == 0, child.log
+    else:
+
+        async def main() -> None:
+            nonlocal timeouts
+            async with ringwire.listen(path, slots=CHAOS_SLOTS) as lst:
+                with Child(cfg) as child:
+                    async with await lst.accept() as ch:
+                        while got < stop_at:
+                            check(await ch.receive())
+                        t = _stop_for(child.pid, STOP_S)
+                        while got < n:
+                            with anyio.move_on_after(POLL_S) as scope:
+                                check(await ch.receive())
+                            timeouts += scope.cancelled_caught
+                        await anyio.to_thread.run_sync(t.join)
+                        await anyio.to_thread.run_sync(child.until, "P sent_all")
+                    assert await anyio.to_thread.run_sync(child.finish) == 0, child.log
+
+        anyio.run(main)
+    assert got == n
+    assert timeouts >= 2, "the receiver should have timed out while the producer was stopped"
+
+
+@pytest.mark.parametrize("api", ["asyncio", "sync"])
+def test_sigstop_consumer_producer_waits_and_resumes(tmp_path: Path, api: str) -> None:
+    n, stop_at = 3000, 500
+    path = str(tmp_path / "c.sock")
+    cfg = {
+        "role": "consumer",
+        "path": path,
+        "backend": "asyncio",
+        "salt": 11,
+        "capacity": 8 * KiB,
+        "ack_every": 100,
+    }
+    timeouts = 0
+
+    if api == "sync":
+        with ringwire.SyncListener(path, slots=CHAOS_SLOTS) as sl, Child(cfg) as child:
+            with sl.accept(timeout=30) as ch:
+                t = None
+                i = 0
+                while i < n:
+                    if i == stop_at:
+                        t = _stop_for(child.pid, STOP_S)
+                    try:
+                        ch.send(make_record(i, 11), timeout=POLL_S)  # ring or slots full
+                        i += 1
+                    except TimeoutError:
+                        timeouts += 1  # nothing was sent: the same record again
+                assert t is not None
+                t.join()
+                acked = 0
+                while acked < n:
+                    msg = ch.receive(timeout=HANG_S)
+                    assert msg[0] == "ack" and msg[1] == acked + 100, msg
+                    acked = msg[1]
+                deadline = time.monotonic() + HANG_S
+                while ch.statistics().slots_in_use and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                assert ch.statistics().slots_free == FULL_POOL
+            assert child.finish() == 0, child.log
+            assert json.loads(child.log[-1].split(" ", 1)[1]) == {"n": n}
+    else:
+
+        async def main() -> None:
+            nonlocal timeouts
+            async with ringwire.listen(path, slots=CHAOS_SLOTS) as lst:
+                with Child(cfg) as child:
+                    async with await lst.accept() as ch:
+                        t = None
+                        i = 0
+                        while i < n:
+                            if i == stop_at:
+                                t = _stop_for(child.pid, STOP_S)
+                            with anyio.move_on_after(POLL_S) as scope:
+                                await ch.send(make_record(i, 11))  # cancelled: nothing sent
+                                i += 1
+                            timeouts += scope.cancelled_caught
+                        assert t is not None
+                        await anyio.to_thread.run_sync(t.join)
+                        acked = 0
+                        while acked < n:
+                            msg = await ch.receive()
+                            assert msg[0] == "ack" and msg[1] == acked + 100, msg
+                            acked = msg[1]
+                        with anyio.fail_after(HANG_S):
+                            while ch.statistics().slots_in_use:
+                                await anyio.sleep(0.005)
+                        assert ch.statistics().slots_free == FULL_POOL
+                    assert await anyio.to_thread.run_sync(child.finish) == 0, child.log
+                    assert json.loads(child.log[-1].split(" ", 1)[1]) == {"n": n}
+
+        anyio.run(main)
+    assert timeouts >= 1, "the producer should have timed out while the consumer was stopped"
+
+
+def test_sigstopped_client_cannot_stall_the_listener(tmp_path: Path) -> None:
+    """A client frozen in its handshake costs the listener one handshake timeout in a
+    background task; other clients connect and are served meanwhile; nothing is left
+    once the frozen one is thawed and gone."""
+    path = str(tmp_path / "l.sock")
+    cfg = {"role": "consumer", "path": path, "backend": "asyncio", "salt": 3, "slots": "default"}
+    outcome = ""
+
+    async def main() -> None:
+        nonlocal outcome
+        async with ringwire.listen(path, slots=CHAOS_SLOTS, handshake_timeout=0.5) as lst:
+            with Child(cfg) as frozen:
+                await anyio.to_thread.run_sync(frozen.until, "P connecting")
+                await anyio.sleep(0.005)
+                os.kill(frozen.pid, signal.SIGSTOP)  # creating its 81 MiB pool, likely
+                theirs: list[ringwire.Channel] = []
+                try:
+                    t0 = time.monotonic()
+                    async with await ringwire.connect(path, slots=None) as other:
+                        conn = await lst.accept()
+                        while conn.peer_pid == frozen.pid:  # it finished before the stop
+                            theirs.append(conn)
+                            conn = await lst.accept()
+                        await other.send("hello")
+                        assert await conn.receive() == "hello"
+                        await conn.aclose()
+                    assert time.monotonic() - t0 < 0.45, "the listener was stalled"
+                    with anyio.move_on_after(2):
+                        while lst.statistics().refused < 1 and not theirs:
+                            await anyio.sleep(0.01)
+                    st = lst.statistics()
+                    outcome = (
+                        "timed out mid-handshake"
+                        if st.refused
+                        else "connected before the stop"
+                        if theirs
+                        else "stopped before connecting"
+                    )
+                finally:
+                    os.kill(frozen.pid, signal.SIGCONT)
+                # thawed: its handshake fails (exit 3), or it connects and we close it
+                with anyio.fail_after(15):
+                    while frozen.proc.poll() is None:
+                        for c in theirs:
+                            await c.aclose()
+                        theirs.clear()
+                        with anyio.move_on_after(0.05):
+                            c = await lst.accept()
+                            assert c.peer_pid == frozen.pid
+                            theirs.append(c)
+                code = await anyio.to_thread.run_sync(frozen.finish)
+                assert code in (0, 3), frozen.log
+            deadline = time.monotonic() + 5
+            while shm_names_of({frozen.pid}) and time.monotonic() < deadline:
+                await anyio.sleep(0.01)
+            assert not shm_names_of({frozen.pid}), (shm_names_of({frozen.pid}), frozen.log)
+
+    anyio.run(main)
+    print(f"frozen client: {outcome}")
+
+
+# ======================================================================================
+# /dev/shm full: a small private tmpfs over /dev/shm (mount namespace)
+# ======================================================================================
+
+SHM_FULL_SCRIPT = textwrap.dedent(
+    """
+    import errno, os, sys, threading, zlib
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    import ringwire
+    from ringwire import SharedMemoryFull, SlotClass, SlotConfig
+    from ringwire._segment import Segment
+    from chaos_workers import CHAOS_SLOTS, check_record, make_record
+
+    SHM = "/dev/shm"
+    FILL = SHM + "/fill"
+
+    def pair(slots_a, slots_b, capacity=1 << 16):
+        a, b = ringwire.pair(capacity=capacity)
+        out, err = [], []
+        def other():
+            try:
+                out.append(b.connect_sync(slots=slots_b, timeout=10))
+            except BaseException as exc:
+                err.append(exc)
+        t = threading.Thread(target=other)
+        t.start()
+        try:
+            ca = a.connect_sync(slots=slots_a, timeout=10)
+        except BaseException:
+            t.join()
+            raise
+        t.join()
+        if err:
+            ca.close()
+            raise err[0]
+        return ca, out[0]
+
+    def exchange(a, b, n, salt):
+        got = 0
+        for i in range(n):
+            a.send(make_record(i, salt), timeout=10)
+            rec = b.receive(timeout=10)
+            assert check_record(rec, got) is None, check_record(rec, got)
+            got += 1
+            del rec
+        return got
+
+    def fill(leave):
+        st = os.statvfs(SHM)
+        free = st.f_bavail * st.f_frsize
+        fd = os.open(FILL, os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(4096, free - leave))
+        finally:
+            os.close(fd)
+
+    def names():
+        return sorted(n for n in os.listdir(SHM) if n != "fill")
+
+    assert os.statvfs(SHM).f_blocks * os.statvfs(SHM).f_frsize <= 64 << 20, "not our tmpfs"
+    checked = 0
+    # 1. a connection made while there is room keeps working when /dev/shm fills up
+    a, b = pair(CHAOS_SLOTS, CHAOS_SLOTS)
+    fill(0)
+    checked += exchange(a, b, 2000, 1)  # slots and inline arrays: reserved, no SIGBUS
+    checked += exchange(b, a, 500, 2)
+    # 2. new connections fail clearly, leave nothing behind
+    for slots in (CHAOS_SLOTS, None):
+        try:
+            pair(slots, None)
+        except SharedMemoryFull as exc:
+            assert SHM in str(exc) and "full" in str(exc), exc
+        else:
+            raise AssertionError("connected with /dev/shm full")
+    try:
+        Segment.create(1 << 20)
+    except SharedMemoryFull:
+        pass
+    else:
+        raise AssertionError("created a segment with /dev/shm full")
+    assert names() == [], names()
+    # 3. room for rings but not for a slot pool: the pool's size is named; slots=None
+    #    (every array inline) is the fallback the caller can take
+    os.unlink(FILL)
+    fill(1 << 20)
+    big = SlotConfig(classes=(SlotClass(1 << 20, 4),))
+    try:
+        pair(big, None)
+    except SharedMemoryFull as exc:
+        assert "tensor-slot pool (4 x 1 MiB)" in str(exc) and "slots=None" in str(exc), exc
+    else:
+        raise AssertionError("a 4 MiB pool fit in 1 MiB")
+    c, d = pair(None, None, capacity=1 << 17)
+    checked += exchange(c, d, 500, 3)  # arrays inline
+    c.close(); d.close()
+    assert names() == [], names()
+    # a listener whose own pool does not fit refuses with a clear reason
+    path = os.environ["TMPDIR"] + "/full.sock"
+    with ringwire.SyncListener(path, slots=big) as sl:
+        errors = []
+        def dial():
+            try:
+                ringwire.connect_sync(path, slots=None, capacity=1 << 14, timeout=5).close()
+            except ringwire.HandshakeError as exc:
+                errors.append(str(exc))
+        t = threading.Thread(target=dial)
+        t.start()
+        try:
+            sl.accept(timeout=2)
+        except TimeoutError:
+            pass
+        t.join()
+        assert errors and SHM in errors[0], errors
+    assert names() == [], names()
+    # 4. space returns: everything works again
+    os.unlink(FILL)
+    e, f = pair(SlotConfig(classes=(SlotClass(4 << 20, 2),), threshold=1024), CHAOS_SLOTS)
+    big_array = np.arange(4 << 20, dtype=np.uint8)
+    e.send(big_array, timeout=10)
+    assert zlib.crc32(f.receive(timeout=10)) == zlib.crc32(big_array)
+    checked += exchange(e, f, 500, 4) + 1
+    for ch in (a, b, e, f):
+        ch.close()
+    assert names() == [], names()
+    print("ok", checked, flush=True)
+    """
+)
+
+
+def _can_mount_private_tmpfs() -> str | None:
+    if not sys.platform.startswith("linux") or not shutil_which("unshare"):
+        return "needs Linux and unshare(1)"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return f"cannot mount a private tmpfs over /dev/shm here: {probe.stderr.strip()}"
+    return None
+
+
+def shutil_which(cmd: str) -> str | None:
+    import shutil
+
+    return shutil.which(cmd)
+
+
+def test_dev_shm_full_clear_errors_no_sigbus_and_recovery(tmp_path: Path) -> None:
+    """In a private mount namespace with a 16 MiB tmpfs on /dev/shm: a live connection
+    keeps working when it fills up (its memory was reserved), new connections fail with
+    SharedMemoryFull naming /dev/shm and leave no name behind, slots=None is the inline
+    fallback when rings fit but a pool does not, a listener refuses with the reason,
+    and everything works again once space returns."""
+    why = _can_mount_private_tmpfs()
+    if why:
+        pytest.skip(why)
+    script = tmp_path / "shm_full.py"
+    script.write_text(SHM_FULL_SCRIPT.format(tests=str(HERE)))
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f'mount -t tmpfs -o size=16m,mode=1777 tmpfs /dev/shm && exec "{sys.executable}" "{script}"',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode} (-7 is SIGBUS)\n{proc.stdout}\n{proc.stderr}"
+    )
+    assert proc.stdout.startswith("ok"), proc.stdout + proc.stderr
+    print(f"/dev/shm full: {proc.stdout.split()[1]} records checked in the namespace")
+
+
+# ======================================================================================
+# regressions (fixed while writing this file)
+# ======================================================================================
+
+
+def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path) -> None:
+    """SyncListener, like Listener, removes the names a client created before it died
+    without sending its Hello (nobody else knows them)."""
+    path = str(tmp_path / "s.sock")
+    code = textwrap.dedent(
+        f"""
+        import os, socket
+        from ringwire._segment import Segment
+        seg = Segment.create(8192)  # never announced, never unlinked
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect({path!r})
+        print(seg.name, flush=True)
+        os._exit(0)
+        """
+    )
+    with ringwire.SyncListener(path, slots=None) as sl:  # (its start-up sweep is before)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        name = proc.stdout.readline().strip()
+        assert os.path.exists("/dev/shm" + name)
+        with pytest.raises(TimeoutError):
+            sl.accept(timeout=1.0)  # refuses it, sweeps, waits on
+        assert sl.refused == 1
+        assert not os.path.exists("/dev/shm" + name)
+        proc.communicate()
+
+
+def test_client_unlinks_the_servers_pool_name_once_attached() -> None:
+    """A server killed after its Welcome but before it read Ready cannot unlink its pool
+    name: the client removes it as soon as it has attached the pool."""
+    from ringwire._channel import _client_handshake
+    from ringwire._control import PROTOCOL_VERSION, SegmentSpec, Welcome, encode_message
+    from ringwire._slots import create_pool
+
+    pseg, _ = create_pool(CHAOS_SLOTS)  # "the server's" pool
+    try:
+        gen = _client_handshake(4096, None)
+        assert next(gen)[0] == "send"  # Hello
+        assert gen.send(None)[0] == "recv"
+        welcome = Welcome(
+            version=PROTOCOL_VERSION,
+            pid=os.getpid(),
+            segments=[SegmentSpec(pseg.name, pseg.size, "slots")],
+        )
+        step = gen.send(encode_message(welcome))
+        assert step[0] == "send"  # Ready is about to go out...
+        assert not os.path.exists("/dev/shm" + pseg.name)  # ...and the name is gone
+        gen.close()  # the server never reads it
+    finally:
+        pseg.unlink()
+        pseg.close()
+
+
+def _fabricate_stale_name() -> str:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    import posix_ipc
+
+    name = f"/rw.{p.pid}.{os.urandom(6).hex()}"
+    posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=4096).close_fd()
+    return name
+
+
+def test_listeners_sweep_names_of_dead_processes_when_they_start(tmp_path: Path) -> None:
+    """A listener restarted after being killed mid-handshake removes what the dead
+    process left (its pool, created before its Welcome, had no other owner)."""
+    name = _fabricate_stale_name()
+    with ringwire.SyncListener(str(tmp_path / "a.sock"), slots=None):
+        assert not os.path.exists("/dev/shm" + name)
+    name = _fabricate_stale_name()
+
+    async def main() -> None:
+        async with ringwire.listen(str(tmp_path / "b.sock"), slots=None):
+            assert not os.path.exists("/dev/shm" + name)
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("api", ["asyncio", "trio", "sync"])
+def test_a_sender_that_never_waits_learns_of_a_death_quickly(tmp_path: Path, api: str) -> None:
+    """The consumer dies while it is not parked (so no doorbell fails) and the ring has
+    room for thousands of records: a sender that only sends used to learn of it only
+    when the ring was full.  On asyncio the loop notices at once (slots come back with
+    no call at all); elsewhere a send peeks at the control socket every
+    _ALIVE_EVERY records."""
+    from ringwire._channel import _ALIVE_EVERY
+
+    path = str(tmp_path / "q.sock")
+    cfg = {"role": "idle", "path": path, "backend": "asyncio", "salt": 5, "hold": 3}
+    big = np.ones(12_000, np.uint32)  # 48 KB: a slot
+
+    def after_death(ch: Any, sends_after: int) -> None:
+        assert sends_after <= _ALIVE_EVERY + 1, f"{sends_after} sends succeeded after the death"
+        stats = ch.statistics()
+        assert stats.slots_in_use == 0 and stats.slots_free == FULL_POOL, stats
+
+    if api == "sync":
+        with ringwire.SyncListener(path, slots=CHAOS_SLOTS) as sl, Child(cfg) as child:
+            with sl.accept(timeout=30) as ch:
+                for i in range(3):
+                    ch.send([i, big], timeout=HANG_S)
+                child.until("P idle")
+                child.proc.kill()
+                child.proc.wait()
+                k = 0
+                with pytest.raises(BrokenResourceError):
+                    while k < 5000:
+                        ch.send(["after", k], timeout=HANG_S)
+                        k += 1
+                        time.sleep(0.003)
+                after_death(ch, k)
+        return
+
+    async def main() -> None:
+        async with ringwire.listen(path, slots=CHAOS_SLOTS) as lst:
+            with Child(cfg) as child:
+                async with await lst.accept() as ch:
+                    for i in range(3):
+                        await ch.send([i, big])
+                    await anyio.to_thread.run_sync(child.until, "P idle")
+                    assert ch._pool is not None and ch._pool.alloc.in_use() == 3
+                    child.proc.kill()
+                    await anyio.to_thread.run_sync(child.proc.wait)
+                    if api == "asyncio":
+                        with anyio.fail_after(1):
+                            while ch._pool.alloc.in_use():  # no call on the channel
+                                await anyio.sleep(0.001)
+                    k = 0
+                    with pytest.raises(BrokenResourceError):
+                        while k < 5000:
+                            await ch.send(["after", k])
+                            k += 1
+                            await anyio.sleep(0.003)
+                    if api == "asyncio":
+                        assert k == 0, k
+                    after_death(ch, k)
+
+    anyio.run(main, backend=api)
+
+
+def test_a_slot_pool_that_does_not_fit_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SharedMemoryFull for a slot pool names the pool and the remedies (it used to
+    advise smaller rings)."""
+    import errno
+
+    from ringwire._slots import create_pool
+
+    def full(fd: int, off: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(ringwire.SharedMemoryFull, match="/dev/shm") as info:
+        create_pool(CHAOS_SLOTS)
+    assert "tensor-slot pool (8 x 4 KiB, 4 x 64 KiB)" in str(info.value)
+    assert "slots=None" in str(info.value)
