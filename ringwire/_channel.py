@@ -1369,14 +1369,7 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
                 await self._send_placed(item, slot_policy)
                 return
             if placed:
-                published = False
-                try:
-                    if not self._try_send(payload):
-                        await self._send_slow(payload)
-                    published = True
-                finally:
-                    if not published:
-                        pool.abort(placed)
+                await self._publish_placed(payload, placed)
             elif not self._try_send(payload):
                 await self._send_slow(payload)
             await self._maybe_yield()
@@ -1428,6 +1421,12 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
                 if deadline is _UNSET:
                     deadline = self._slot_deadline()
                 await self._wait_slot(need.nbytes, deadline)
+        await self._publish_placed(payload, placed)
+        await self._maybe_yield()
+        return placed
+
+    async def _publish_placed(self, payload: bytes, placed: Placed) -> None:
+        """Publish a record that took slots; give them back if it is not published."""
         published = False
         try:
             if not self._try_send(payload):
@@ -1435,9 +1434,8 @@ class Channel(_ChannelBase, anyio.abc.ObjectStream[Any]):
             published = True
         finally:
             if not published:
-                pool.abort(placed)
-        await self._maybe_yield()
-        return placed
+                assert self._pool is not None
+                self._pool.abort(placed)
 
     async def _wait_slot(self, nbytes: int | CudaNeed, deadline: float | None) -> None:
         """Wait until a slot for ``nbytes`` is free (policy "wait")."""

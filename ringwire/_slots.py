@@ -527,22 +527,10 @@ class SendPool:
         with self.lock:
             slot = self.alloc.allocate(nbytes)
             if slot is None:
-                others = self.alloc.in_use() - len(record)
+                others = self.alloc.in_use() - sum(1 for t, _, _ in record if t >> 32 == 0)
         if slot is None:
-            policy = self._policy
-            if policy == "inline":
-                self.inline_fallbacks += 1
-                return None
-            if others <= 0:
-                raise SlotsExhausted(
-                    f"this record needs more slots than the pool has ({self.config.describe()})"
-                )
-            if policy == "error":
-                raise SlotsExhausted(
-                    f"no free slot for {nbytes} bytes (pool: {self.config.describe()}; "
-                    "policy 'error')"
-                )
-            raise _NeedSlot(nbytes)
+            self._exhausted(others, nbytes, "", self.config.describe())
+            return None  # policy "inline"
         try:
             self._copy_in(obj, slot, nbytes)
         except BaseException:
@@ -616,22 +604,14 @@ class SendPool:
         with self.lock:
             slot = pool.alloc.allocate(nbytes)
             if slot is None:
-                others = pool.alloc.in_use() - sum(1 for t, _, _ in record if split_tag(t))
+                others = pool.alloc.in_use() - sum(
+                    1 for t, _, _ in record if (split_tag(t) or (-1,))[0] == device
+                )
         if slot is None:
-            policy = self._policy
-            if policy == "inline":
-                self.inline_fallbacks += 1
-                return None
-            if others <= 0:
-                raise SlotsExhausted(
-                    "this record needs more CUDA slots than the GPU pool has "
-                    f"({_describe(config.cuda_classes)})"
-                )
-            if policy == "error":
-                raise SlotsExhausted(
-                    f"no free CUDA slot for {nbytes} bytes on cuda:{device} (policy 'error')"
-                )
-            raise _NeedSlot(CudaNeed(device, nbytes))
+            self._exhausted(
+                others, CudaNeed(device, nbytes), "CUDA ", _describe(config.cuda_classes)
+            )
+            return None  # policy "inline"
         offset = pool.layout.offsets[slot]
         try:
             pool.backend.copy_into(pool.memory, offset, obj)
@@ -668,6 +648,20 @@ class SendPool:
         fin = weakref.finalize(keep, self._loan_returns.append, (tag, gen))
         fin.atexit = False
         return tensor
+
+    def _exhausted(self, others: int, need: int | CudaNeed, what: str, pool: str) -> None:
+        """No slot is free for ``need``: apply the policy -- return (policy "inline":
+        the caller sends it inline) or raise -- given ``others`` slots held by earlier
+        records (none: waiting cannot help)."""
+        if self._policy == "inline":
+            self.inline_fallbacks += 1
+            return
+        if others <= 0:
+            raise SlotsExhausted(f"this record needs more {what}slots than the pool has ({pool})")
+        if self._policy == "error":
+            text = f"{need} bytes" if isinstance(need, int) else str(need)
+            raise SlotsExhausted(f"no free {what}slot for {text} ({pool}; policy 'error')")
+        raise _NeedSlot(need)
 
     def _copy_in(self, obj: Any, slot: int, nbytes: int) -> None:
         dst = np.frombuffer(self._buf, np.uint8, count=nbytes, offset=self.layout.offsets[slot])
