@@ -194,7 +194,8 @@ class TorchCudaBackend:
         """A tensor over ``memory[offset:offset + nbytes]`` and the object whose death
         means every view of it is gone (torch holds it in the storage's deleter)."""
         span = _CudaSpan(self.address(memory) + offset, nbytes, memory)
-        flat = self.torch.as_tensor(span, device=memory.device)
+        with self.torch.cuda.device(memory.device):  # older torch labels it the current one
+            flat = self.torch.as_tensor(span, device=memory.device)  # holds span until freed
         return flat.view(dtype).view(shape), span
 
     def loan(self, memory: Any, offset: int, nbytes: int, dtype: Any, shape: Any) -> tuple[Any, Any]:
