@@ -255,15 +255,22 @@ _backend_probed = False
 _backend_lock = threading.Lock()
 
 
-def cuda_backend() -> Any:
-    """The CUDA backend of this process, or ``None`` (torch not imported, CPU-only
-    torch, or no device).  Never imports torch itself: a process that has not imported
-    torch has no CUDA tensors."""
+def cuda_backend(import_torch: bool = False) -> Any:
+    """The CUDA backend of this process, or ``None`` (CPU-only torch, or no device).
+
+    A sender never imports torch for this (a process that has not imported torch has
+    no CUDA tensors to send: ``None``); a receiver of an Ext 5 passes
+    ``import_torch=True``, as it needs torch to hand out a tensor anyway."""
     global _backend, _backend_probed
     if _backend_probed:
         return _backend
     if not torch_loaded():
-        return None
+        if not import_torch:
+            return None
+        try:
+            torch_module()
+        except DecodeError:
+            return None
     with _backend_lock:
         if not _backend_probed:
             torch = torch_module()

@@ -1059,11 +1059,11 @@ class RecvPool:
         return opened
 
     def _resolve_cuda(self, ref: CudaRef) -> Any:
-        backend = cuda_backend()
+        backend = cuda_backend(import_torch=True)
         if backend is None:
             raise DecodeError(
                 "a CUDA tensor reference (Ext 5) arrived, but this process has no CUDA "
-                "(torch not imported, CPU-only torch, or no device); the producer can "
+                "(torch missing or CPU-only, or no device); the producer can "
                 "send CUDA tensors through the host with SlotConfig(cuda='stage')"
             )
         opened = self._open_cuda(ref, backend)
