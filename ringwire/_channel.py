@@ -615,8 +615,11 @@ class _ChannelBase:
         if peer is not None and peer.queue._pending:
             peer.queue.flush()
         pool = self._pool
-        if pool is not None and not pool.gone:
-            if self._eof:
+        if pool is not None:
+            if pool.gone:
+                if pool._loan_returns:
+                    pool.reclaim()  # only takes back loans dropped since
+            elif self._eof:
                 pool.reclaim()
             elif pool.has_work():
                 self._poll_pool(pool)

@@ -803,6 +803,11 @@ class SendPool:
             if reader.pending:
                 reader.commit()
                 ring_back = reader.writer_needs_doorbell()
+        self._take_back_loans()
+        return ring_back
+
+    def _take_back_loans(self) -> None:
+        """Loans dropped unsent return to the free lists (under ``self.lock``)."""
         returns = self._loan_returns
         while returns:
             tag, gen = returns.popleft()
@@ -810,7 +815,6 @@ class SendPool:
             if tag in self._loans and alloc.generation(slot) == gen:
                 self._loans.discard(tag)
                 alloc.cancel(slot)
-        return ring_back
 
     def reclaim(self, *, publish: bool = True) -> int:
         """The consumer is gone: take back every slot it held (after processing the
@@ -818,6 +822,8 @@ class SendPool:
         only our own bookkeeping changes (see ``SlotAllocator.reclaim_sent``)."""
         with self.lock:
             if self.gone:
+                if not self.closed:
+                    self._take_back_loans()  # loans dropped after the consumer went
                 return 0
             try:
                 if not self.closed:

@@ -41,7 +41,7 @@ from ringwire._slots import (
     release,
 )
 
-from anyio import BrokenResourceError, WouldBlock  # isort: skip
+from anyio import BrokenResourceError, EndOfStream, WouldBlock  # isort: skip
 
 SPAWN = mp.get_context("spawn")
 KiB, MiB = 1 << 10, 1 << 20
@@ -389,6 +389,20 @@ async def test_dropped_loan_returns_its_slot():
         assert in_use(a) == 1
         del y
         assert in_use(a) == 0 and a.statistics().loans_outstanding == 0
+
+
+@pytest.mark.anyio
+async def test_a_loan_dropped_after_the_peer_went_still_returns_its_slot():
+    a, b = await apair()
+    async with a:
+        x = await a.loan((100, 100), np.float64)
+        await b.aclose()
+        with anyio.fail_after(5), pytest.raises(EndOfStream):
+            await a.receive()  # the peer's close is seen
+        assert in_use(a) == 1 and a.statistics().loans_outstanding == 1
+        del x
+        stats = a.statistics()
+        assert stats.slots_in_use == 0 and stats.loans_outstanding == 0
 
 
 @pytest.mark.anyio
