@@ -1817,20 +1817,38 @@ class SyncChannel(_ChannelBase):
     ) -> None:
         """Send one record, waiting up to ``timeout`` seconds for room in the ring (and,
         policy "wait", for a free tensor slot)."""
-        if self._pool is not None:
-            deadline = self._deadline(timeout)
-            self._acquire(self._send_lock, deadline)
-            try:
-                self._send_placed(item, slot_policy, deadline)
-            finally:
-                self._send_lock.release()
-            return
-        payload = self._encode(item)
+        pool = self._pool
         lock = self._send_lock
         deadline = None
-        if not lock.acquire(False):
-            deadline = self._deadline(timeout)
-            self._acquire(lock, deadline)
+        if pool is None:
+            payload = self._encode(item)
+            if not lock.acquire(False):
+                deadline = self._deadline(timeout)
+                self._acquire(lock, deadline)
+        else:
+            if not lock.acquire(False):
+                deadline = self._deadline(timeout)
+                self._acquire(lock, deadline)
+            try:
+                # fast path: a record in which nothing was placed in a slot is sent like
+                # one on a channel without a pool
+                self._slot_safe_point()
+                try:
+                    payload, placed = self._encode_placed(item, slot_policy)
+                except _NeedSlot:
+                    placed = None
+                if placed is None or placed:
+                    if placed is None:  # wait for a slot, encode again, publish
+                        if deadline is None:
+                            deadline = self._deadline(timeout)
+                        self._send_placed(item, slot_policy, deadline)
+                    else:
+                        self._publish_placed(payload, placed, deadline or self._deadline(timeout))
+                    lock.release()
+                    return
+            except BaseException:
+                lock.release()
+                raise
         try:
             if self._try_send(payload):
                 return
@@ -1872,6 +1890,11 @@ class SyncChannel(_ChannelBase):
                 if slot_deadline is _UNSET:
                     slot_deadline = self._slot_deadline()
                 self._wait_slot(need.nbytes, deadline, slot_deadline)
+        self._publish_placed(payload, placed, deadline)
+        return placed
+
+    def _publish_placed(self, payload: bytes, placed: Placed, deadline: float | None) -> None:
+        """Publish a record that took slots; give them back if it is not published."""
         published = False
         try:
             size = len(payload)
@@ -1881,8 +1904,8 @@ class SyncChannel(_ChannelBase):
             published = True
         finally:
             if not published:
-                pool.abort(placed)
-        return placed
+                assert self._pool is not None
+                self._pool.abort(placed)
 
     def _wait_slot(
         self, nbytes: int | CudaNeed, deadline: float | None, slot_deadline: float | None
