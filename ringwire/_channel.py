@@ -110,6 +110,7 @@ from ._control import (
 from ._cuda import CudaNeed
 from ._descriptors import CudaRef
 from ._errors import DecodeError, RingwireError
+from ._ringlayout import _TAIL as _LANE_TAIL
 from ._ringlayout import (
     MAX_CAPACITY,
     RCLOSED,
@@ -621,8 +622,14 @@ class _ChannelBase:
                     pool.reclaim()  # only takes back loans dropped since
             elif self._eof:
                 pool.reclaim()
-            elif pool.has_work():
-                self._poll_pool(pool)
+            else:  # pool.has_work(), inlined: this runs on every send and receive
+                lane = pool.reader
+                if (
+                    pool._loan_returns
+                    or lane._head != lane._tail_cache
+                    or lane._q[_LANE_TAIL] != lane._head
+                ):
+                    self._poll_pool(pool)
 
     def _poll_pool(self, pool: SendPool) -> None:
         try:
