@@ -2257,21 +2257,13 @@ def _sweep_when_dead_sync(pid: int, patience: float = 0.1) -> None:
     sweep()
 
 
-class Listener:
-    """Accepts connections at a Unix socket path; many producers, one consumer.
+class _ListenerBase:
+    """What both listeners are configured with, and how they run and refuse handshakes.
 
-    Use it as an async context manager (it accepts and runs handshakes in the
-    background while open)::
-
-        async with ringwire.listen(path) as listener:
-            async for conn, record in listener:     # fair fan-in over all connections
-                await conn.send(reply)
-
-    :meth:`accept` returns each new connection as well, for per-connection handling.
-    A connection that breaks (crash, bad frame, undecodable record) is closed, logged
-    and dropped from the fan-in; one that ends cleanly is dropped silently.  A failed
-    handshake never disturbs the listener.  Closing the listener closes every
-    connection it accepted and removes the socket file.
+    ``type`` decodes records of accepted connections; ``spin_us`` is their spin budget;
+    ``max_capacity`` bounds the rings a client may announce; ``handshake_timeout``
+    bounds one handshake; ``backlog`` is the socket's listen backlog; ``slots`` is the
+    send pool of every accepted connection (see :func:`connect`).
     """
 
     def __init__(
@@ -2289,10 +2281,47 @@ class Listener:
         self._type = type
         self._slots = resolve_config(slots)
         self._spin_us = spin_us
-        self._spin_ns = int(max(0.0, float(spin_us)) * 1000)
         self._max_capacity = max_capacity
         self._handshake_timeout = handshake_timeout
         self._backlog = backlog
+
+    def _handshake_for(self, pid: int) -> _HandshakeGen:
+        # a client may announce only segments it made itself (see _server_handshake)
+        return _server_handshake(pid, self._max_capacity, self._slots, own_names=True)
+
+    def _log_refusal(self, exc: BaseException) -> None:
+        logger.warning("ringwire listener %s refused a connection: %s", self.path, exc)
+
+    def _remove_socket(self, sock: socket.socket) -> None:
+        sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class Listener(_ListenerBase):
+    """Accepts connections at a Unix socket path; many producers, one consumer.
+
+    Use it as an async context manager (it accepts and runs handshakes in the
+    background while open)::
+
+        async with ringwire.listen(path) as listener:
+            async for conn, record in listener:     # fair fan-in over all connections
+                await conn.send(reply)
+
+    :meth:`accept` returns each new connection as well, for per-connection handling.
+    A connection that breaks (crash, bad frame, undecodable record) is closed, logged
+    and dropped from the fan-in; one that ends cleanly is dropped silently.  A failed
+    handshake never disturbs the listener.  Closing the listener closes every
+    connection it accepted and removes the socket file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], **config: Any) -> None:
+        """``config``: see :class:`_ListenerBase` (``type``, ``spin_us``,
+        ``max_capacity``, ``handshake_timeout``, ``backlog``, ``slots``)."""
+        super().__init__(path, **config)
+        self._spin_ns = int(max(0.0, float(self._spin_us)) * 1000)
         self._sock: socket.socket | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._conns: list[Channel] = []
@@ -2367,11 +2396,7 @@ class Listener:
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
         if self._sock is not None:
-            self._sock.close()
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            self._remove_socket(self._sock)
         self._accept_send.close()
         # connections accepted but never taken with accept() are closed above
         self._accept_recv.close()
@@ -2405,13 +2430,11 @@ class Listener:
         try:
             with anyio.fail_after(self._handshake_timeout):
                 pid = check_peer(sock)
-                est = await _drive_async(
-                    _server_handshake(pid, self._max_capacity, self._slots, own_names=True), sock
-                )
+                est = await _drive_async(self._handshake_for(pid), sock)
         except Exception as exc:
             sock.close()
             self._refused += 1
-            logger.warning("ringwire listener %s refused a connection: %s", self.path, exc)
+            self._log_refusal(exc)
             if getattr(exc, "before_hello", False) and pid is not None:
                 await _sweep_when_dead(pid)
             return
@@ -2472,6 +2495,27 @@ class Listener:
             )
         conn.close()
 
+    def _read(self, conn: Channel, max_n: int) -> Any:
+        """One record of ``conn`` (``max_n == 0``) or a list of at most ``max_n``;
+        ``_EMPTY`` when it has none -- and when it is closed, ended or broken, which
+        drops it from the fan-in."""
+        try:
+            if conn._closed:
+                self._drop(conn, None)
+                return _EMPTY
+            if max_n:
+                got = conn._try_receive_many(conn._dec, max_n) or _EMPTY
+            else:
+                got = conn._try_receive(conn._dec)
+            if got is _EMPTY:
+                conn._check_finished()
+            return got
+        except EndOfStream:
+            self._drop(conn, None)
+        except (BrokenResourceError, DecodeError) as exc:
+            self._drop(conn, exc)
+        return _EMPTY
+
     def _try_fan_in(self) -> tuple[Channel, Any] | None:
         conns = self._conns
         n = len(conns)
@@ -2479,20 +2523,7 @@ class Listener:
         while i < n:
             k = (self._rr + i) % n
             conn = conns[k]
-            try:
-                if conn._closed:
-                    obj = _EMPTY
-                    self._drop(conn, None)
-                else:
-                    obj = conn._try_receive(conn._dec)
-                    if obj is _EMPTY:
-                        conn._check_finished()
-            except EndOfStream:
-                obj = _EMPTY
-                self._drop(conn, None)
-            except (BrokenResourceError, DecodeError) as exc:
-                obj = _EMPTY
-                self._drop(conn, exc)
+            obj = self._read(conn, 0)
             if obj is _EMPTY:
                 if n != len(conns):  # a connection went away: rescan
                     n = len(conns)
@@ -2512,24 +2543,13 @@ class Listener:
         share = max(1, max_n // max(n, 1))
         i = 0
         while i < n and len(out) < max_n:
-            k = (self._rr + i) % n
-            conn = conns[k]
-            got: list[Any] = []
-            try:
-                if conn._closed:
-                    self._drop(conn, None)
-                else:
-                    got = conn._try_receive_many(conn._dec, min(share, max_n - len(out)))
-                    if not got:
-                        conn._check_finished()
-            except EndOfStream:
-                self._drop(conn, None)
-            except (BrokenResourceError, DecodeError) as exc:
-                self._drop(conn, exc)
+            conn = conns[(self._rr + i) % n]
+            got = self._read(conn, min(share, max_n - len(out)))
             if n != len(conns):  # a connection went away: rescan
                 n = len(conns)
                 continue
-            out.extend([(conn, rec) for rec in got])
+            if got is not _EMPTY:
+                out.extend([(conn, rec) for rec in got])
             i += 1
         if n:
             self._rr = (self._rr + i) % n
@@ -2624,27 +2644,13 @@ def listen(path: str | os.PathLike[str], **kwargs: Any) -> Listener:
     return Listener(path, **kwargs)
 
 
-class SyncListener:
+class SyncListener(_ListenerBase):
     """A blocking listener: :meth:`accept` returns :class:`SyncChannel` s."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        type: Any = Any,
-        spin_us: float = DEFAULT_SPIN_US,
-        max_capacity: int = MAX_CAPACITY,
-        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-        backlog: int = 128,
-        slots: SlotConfig | None = DEFAULT_SLOTS,
-    ) -> None:
-        self.path = os.fspath(path)
-        self._type = type
-        self._slots = resolve_config(slots)
-        self._spin_us = spin_us
-        self._max_capacity = max_capacity
-        self._handshake_timeout = handshake_timeout
-        self._sock: socket.socket | None = bind_unix_socket(self.path, backlog)
+    def __init__(self, path: str | os.PathLike[str], **config: Any) -> None:
+        """``config``: as :class:`Listener`."""
+        super().__init__(path, **config)
+        self._sock: socket.socket | None = bind_unix_socket(self.path, self._backlog)
         sweep()  # names left by dead processes (as Listener)
         self.refused = 0
 
@@ -2667,15 +2673,11 @@ class SyncListener:
             try:
                 pid = check_peer(conn_sock)
                 hs_deadline = time.monotonic() + self._handshake_timeout
-                est = _drive_sync(
-                    _server_handshake(pid, self._max_capacity, self._slots, own_names=True),
-                    conn_sock,
-                    hs_deadline,
-                )
+                est = _drive_sync(self._handshake_for(pid), conn_sock, hs_deadline)
             except (RingwireError, OSError) as exc:
                 conn_sock.close()
                 self.refused += 1
-                logger.warning("ringwire listener %s refused a connection: %s", self.path, exc)
+                self._log_refusal(exc)
                 if getattr(exc, "before_hello", False) and pid is not None:
                     _sweep_when_dead_sync(pid)  # as Listener does: its names are unknown
                 continue
@@ -2686,12 +2688,8 @@ class SyncListener:
 
     def close(self) -> None:
         if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            sock, self._sock = self._sock, None
+            self._remove_socket(sock)
 
     def __enter__(self) -> SyncListener:
         return self
