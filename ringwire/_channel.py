@@ -1825,38 +1825,25 @@ class SyncChannel(_ChannelBase):
         """Send one record, waiting up to ``timeout`` seconds for room in the ring (and,
         policy "wait", for a free tensor slot)."""
         pool = self._pool
+        if pool is None:
+            payload = self._encode(item)  # outside the lock; placing needs it held
         lock = self._send_lock
         deadline = None
-        if pool is None:
-            payload = self._encode(item)
-            if not lock.acquire(False):
-                deadline = self._deadline(timeout)
-                self._acquire(lock, deadline)
-        else:
-            if not lock.acquire(False):
-                deadline = self._deadline(timeout)
-                self._acquire(lock, deadline)
-            try:
-                # fast path: a record in which nothing was placed in a slot is sent like
-                # one on a channel without a pool
+        if not lock.acquire(False):
+            deadline = self._deadline(timeout)
+            self._acquire(lock, deadline)
+        try:
+            if pool is not None:
+                # a record in which nothing was placed is sent like one without a pool
                 self._slot_safe_point()
                 try:
                     payload, placed = self._encode_placed(item, slot_policy)
-                except _NeedSlot:
-                    placed = None
-                if placed is None or placed:
-                    if placed is None:  # wait for a slot, encode again, publish
-                        if deadline is None:
-                            deadline = self._deadline(timeout)
-                        self._send_placed(item, slot_policy, deadline)
-                    else:
-                        self._publish_placed(payload, placed, deadline or self._deadline(timeout))
-                    lock.release()
+                except _NeedSlot:  # wait for a slot, encode again, publish
+                    self._send_placed(item, slot_policy, deadline or self._deadline(timeout))
                     return
-            except BaseException:
-                lock.release()
-                raise
-        try:
+                if placed:
+                    self._publish_placed(payload, placed, deadline or self._deadline(timeout))
+                    return
             if self._try_send(payload):
                 return
             if deadline is None:

@@ -198,9 +198,6 @@ class TorchCudaBackend:
             flat = self.torch.as_tensor(span, device=memory.device)  # holds span until freed
         return flat.view(dtype).view(shape), span
 
-    def loan(self, memory: Any, offset: int, nbytes: int, dtype: Any, shape: Any) -> tuple[Any, Any]:
-        return self.view(memory, offset, nbytes, dtype, shape)
-
     # streams and events
     def current_stream(self, device: int) -> Any:
         return self.torch.cuda.current_stream(device)
@@ -378,7 +375,7 @@ class CudaSendPool:
         )
 
     def loan_view(self, slot: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
-        return self.backend.loan(self.memory, self.layout.offsets[slot], nbytes, dtype, shape)
+        return self.backend.view(self.memory, self.layout.offsets[slot], nbytes, dtype, shape)
 
     def reusable(self, consumer_gone: bool) -> bool:
         """Could another connection take the block now?  Not while a loan of ours or a

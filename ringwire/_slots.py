@@ -246,28 +246,24 @@ class SlotConfig:
     )
 
     def __post_init__(self) -> None:
-        classes = tuple(self.classes)
-        if not classes or not all(isinstance(c, SlotClass) for c in classes):
-            raise ValueError("SlotConfig.classes must be a non-empty sequence of SlotClass")
-        object.__setattr__(self, "classes", classes)
-        if not isinstance(self.threshold, int) or self.threshold < 0:
-            raise ValueError(f"threshold must be a non-negative int, not {self.threshold!r}")
+        for field_name in ("classes", "cuda_classes"):
+            classes = tuple(getattr(self, field_name))
+            if not classes or not all(isinstance(c, SlotClass) for c in classes):
+                raise ValueError(
+                    f"SlotConfig.{field_name} must be a non-empty sequence of SlotClass"
+                )
+            pool_size(classes)  # checks the slot count
+            object.__setattr__(self, field_name, classes)
+        for field_name in ("threshold", "cuda_threshold"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{field_name} must be a non-negative int, not {value!r}")
         if self.policy not in _POLICIES:
             raise ValueError(f"policy must be one of {_POLICIES}, not {self.policy!r}")
         if self.wait_timeout is not None and not self.wait_timeout >= 0:
             raise ValueError("wait_timeout must be None or >= 0")
-        pool_size(classes)  # checks the slot count
         if self.cuda not in ("ipc", "stage"):
             raise ValueError(f"cuda must be 'ipc' or 'stage', not {self.cuda!r}")
-        if not isinstance(self.cuda_threshold, int) or self.cuda_threshold < 0:
-            raise ValueError(
-                f"cuda_threshold must be a non-negative int, not {self.cuda_threshold!r}"
-            )
-        cuda_classes = tuple(self.cuda_classes)
-        if not cuda_classes or not all(isinstance(c, SlotClass) for c in cuda_classes):
-            raise ValueError("SlotConfig.cuda_classes must be a non-empty sequence of SlotClass")
-        object.__setattr__(self, "cuda_classes", cuda_classes)
-        pool_size(cuda_classes)
 
     @property
     def pool_bytes(self) -> int:

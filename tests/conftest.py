@@ -44,20 +44,6 @@ def _parent(pid: int) -> int:
     return int(data[data.rfind(b")") + 2 :].split()[1])
 
 
-def _foreign(name: str) -> bool:
-    """Was ``name`` made by a live process outside this session's process tree?"""
-    if not is_segment_name("/" + name):
-        return False
-    pid, me = name_pid("/" + name), os.getpid()
-    for _ in range(64):
-        if pid == me:
-            return False
-        if pid <= 1:
-            break
-        pid = _parent(pid)
-    return os.path.exists(f"/proc/{name_pid('/' + name)}")
-
-
 def _in_our_tree(pid: int) -> bool:
     me = os.getpid()
     for _ in range(64):
@@ -67,6 +53,14 @@ def _in_our_tree(pid: int) -> bool:
             return False
         pid = _parent(pid)
     return False
+
+
+def _foreign(name: str) -> bool:
+    """Was ``name`` made by a live process outside this session's process tree?"""
+    if not is_segment_name("/" + name):
+        return False
+    pid = name_pid("/" + name)
+    return not _in_our_tree(pid) and os.path.exists(f"/proc/{pid}")
 
 
 def _held_elsewhere(names: set[str]) -> set[str]:

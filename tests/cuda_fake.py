@@ -120,8 +120,6 @@ class FakeCudaBackend:
         base = np.frombuffer(mm, np.uint8, count=nbytes, offset=offset)
         return torch.from_numpy(base).view(dtype).view(tuple(shape)), base
 
-    loan = view
-
     # streams and events
     def current_stream(self, device: int) -> Any:
         return ("stream", device)
