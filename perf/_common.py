@@ -215,6 +215,15 @@ def print_table(
     print(format_table(headers, rows, align))
 
 
+def format_targets(targets: Iterable[dict[str, Any]]) -> str:
+    """The Markdown table of target checks (``target``, ``shown``, ``status``)."""
+    return format_table(
+        ["target", "measured", "status"],
+        [[t["target"], t["shown"], t["status"]] for t in targets],
+        "lrl",
+    )
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from perf._common import fmt_ms, format_table, machine_info
+from perf._common import fmt_ms, format_table, format_targets, machine_info
 
 __all__ = ["DISTRIBUTIONS", "suite_machine_info", "write_report", "write_plots"]
 
@@ -334,11 +334,7 @@ def _size(n: int) -> str:
 
 
 def _targets_table(doc: dict[str, Any]) -> str:
-    return format_table(
-        ["target", "measured", "status"],
-        [[t["target"], t["shown"], t["status"]] for t in doc.get("targets", [])],
-        "lrl",
-    )
+    return format_targets(doc.get("targets", []))
 
 
 # --------------------------------------------------------------------------- report.md

@@ -44,7 +44,7 @@ if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from perf import _peers as P
-from perf._common import format_table, machine_info
+from perf._common import format_table, format_targets, machine_info
 
 MiB = 1 << 20
 BATCH = P.BATCH
@@ -565,13 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(tables)
     print("\n### Targets\n")
-    print(
-        format_table(
-            ["target", "measured", "status"],
-            [[t["target"], t["shown"], t["status"]] for t in targets],
-            "lrl",
-        )
-    )
+    print(format_targets(targets))
     elapsed = time.monotonic() - t
     print(f"\n(total {elapsed:.0f} s)")
     if args.json:

@@ -106,7 +106,7 @@ import msgspec
 import numpy as np
 
 from perf import _peers as P
-from perf._common import fmt_ms, format_table, machine_info, summarize
+from perf._common import fmt_ms, format_table, format_targets, machine_info, summarize
 
 clock = time.perf_counter_ns
 KiB, MiB = 1 << 10, 1 << 20
@@ -1201,13 +1201,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.close()
 
     print("\n### Targets\n")
-    print(
-        format_table(
-            ["target", "measured", "status"],
-            [[t["target"], t["shown"], t["status"]] for t in rep.targets],
-            "lrl",
-        )
-    )
+    print(format_targets(rep.targets))
     if skipped:
         print("\nskipped peers: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     elapsed = time.monotonic() - t_start

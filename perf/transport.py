@@ -57,7 +57,7 @@ if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from perf import _peers as P
-from perf._common import format_table, machine_info, summarize
+from perf._common import format_table, format_targets, machine_info, summarize
 
 try:
     import uvloop  # noqa: F401
@@ -1100,13 +1100,7 @@ def main(argv: list[str] | None = None) -> int:
         h.close()
 
     print("\n### Targets\n")
-    print(
-        format_table(
-            ["target", "measured", "status"],
-            [[t["target"], t["shown"], t["status"]] for t in rep.targets],
-            "lrl",
-        )
-    )
+    print(format_targets(rep.targets))
     elapsed = time.monotonic() - t_start
     info["loadavg_end"] = os.getloadavg()
     print(f"\n(total {elapsed:.0f} s; load average at end: {info['loadavg_end'][0]:.2f})")
