@@ -1258,24 +1258,44 @@ def _slots_kw(pool: bool) -> dict[str, Any]:
     return {} if pool else {"slots": None}
 
 
-def _child_rw_async_rt(
-    ctrl: Any, loop_kind: str, end: Any, spin_us: float, size: int = 100, pool: bool = True
-) -> None:
+def _rw_async_child(ctrl: Any, loop_kind: str, end: Any, make_serve: Any, **connect: Any) -> None:
+    """Connect ``end`` asynchronously, serve the parent's rounds with
+    ``make_serve(chan)`` (an ``async serve(n)``), close."""
+
     async def main() -> None:
-        chan = await end.connect(type=KINDS[size].type, spin_us=spin_us, **_slots_kw(pool))
+        chan = await end.connect(**connect)
         try:
-
-            async def serve(n: int) -> dict[str, Any]:
-                recv, send = chan.receive, chan.send
-                for _ in range(n):
-                    await send(await recv())
-                return _rw_stats(chan)
-
-            await _aserve_rounds(ctrl, serve)
+            await _aserve_rounds(ctrl, make_serve(chan))
         finally:
             await chan.aclose()
 
     _run_async(loop_kind, main)
+
+
+def _rw_sync_child(ctrl: Any, end: Any, make_serve: Any, **connect: Any) -> None:
+    """The blocking form of :func:`_rw_async_child`."""
+    chan = end.connect_sync(**connect)
+    try:
+        _serve_rounds(ctrl, make_serve(chan))
+    finally:
+        chan.close()
+
+
+def _child_rw_async_rt(
+    ctrl: Any, loop_kind: str, end: Any, spin_us: float, size: int = 100, pool: bool = True
+) -> None:
+    def make_serve(chan: Any) -> Any:
+        async def serve(n: int) -> dict[str, Any]:
+            recv, send = chan.receive, chan.send
+            for _ in range(n):
+                await send(await recv())
+            return _rw_stats(chan)
+
+        return serve
+
+    _rw_async_child(
+        ctrl, loop_kind, end, make_serve, type=KINDS[size].type, spin_us=spin_us, **_slots_kw(pool)
+    )
 
 
 def _rw_stats(chan: Any) -> dict[str, Any]:
@@ -1400,10 +1420,10 @@ class RingwireSyncRT(Peer):
 def _child_rw_tp(
     ctrl: Any, loop_kind: str | None, end: Any, batch: bool, pool: bool = True
 ) -> None:
+    connect = {"type": Req, "timeout": SETUP_TIMEOUT_S, **_slots_kw(pool)}
     if loop_kind is None:  # blocking consumer
-        chan = end.connect_sync(type=Req, timeout=SETUP_TIMEOUT_S, **_slots_kw(pool))
-        try:
 
+        def make_sync_serve(chan: Any) -> Any:
             def serve(n: int) -> dict[str, Any]:
                 got = 0
                 if batch:
@@ -1417,33 +1437,28 @@ def _child_rw_tp(
                         got += 1
                 return _rw_stats(chan)
 
-            _serve_rounds(ctrl, serve)
-        finally:
-            chan.close()
+            return serve
+
+        _rw_sync_child(ctrl, end, make_sync_serve, **connect)
         return
 
-    async def main() -> None:
-        chan = await end.connect(type=Req, timeout=SETUP_TIMEOUT_S, **_slots_kw(pool))
-        try:
+    def make_serve(chan: Any) -> Any:
+        async def serve(n: int) -> dict[str, Any]:
+            got = 0
+            if batch:
+                rm = chan.receive_many
+                while got < n:
+                    got += len(await rm(BATCH))
+            else:
+                recv = chan.receive
+                while got < n:
+                    await recv()
+                    got += 1
+            return _rw_stats(chan)
 
-            async def serve(n: int) -> dict[str, Any]:
-                got = 0
-                if batch:
-                    rm = chan.receive_many
-                    while got < n:
-                        got += len(await rm(BATCH))
-                else:
-                    recv = chan.receive
-                    while got < n:
-                        await recv()
-                        got += 1
-                return _rw_stats(chan)
+        return serve
 
-            await _aserve_rounds(ctrl, serve)
-        finally:
-            await chan.aclose()
-
-    _run_async(loop_kind, main)
+    _rw_async_child(ctrl, loop_kind, end, make_serve, **connect)
 
 
 class RingwireTP(Peer):
@@ -1530,33 +1545,27 @@ class RingwireTP(Peer):
 
 def _child_rw_idle(ctrl: Any, loop_kind: str | None, end: Any) -> None:
     if loop_kind is None:
-        chan = end.connect_sync(type=Req, timeout=SETUP_TIMEOUT_S)
-        try:
 
+        def make_sync_serve(chan: Any) -> Any:
             def serve(n: int) -> dict[str, Any]:
                 for _ in range(n):
                     chan.receive(CHILD_WAIT_S)
                 return _rw_stats(chan)
 
-            _serve_rounds(ctrl, serve)
-        finally:
-            chan.close()
+            return serve
+
+        _rw_sync_child(ctrl, end, make_sync_serve, type=Req, timeout=SETUP_TIMEOUT_S)
         return
 
-    async def main() -> None:
-        chan = await end.connect(type=Req, timeout=SETUP_TIMEOUT_S)
-        try:
+    def make_serve(chan: Any) -> Any:
+        async def serve(n: int) -> dict[str, Any]:
+            for _ in range(n):
+                await chan.receive()
+            return _rw_stats(chan)
 
-            async def serve(n: int) -> dict[str, Any]:
-                for _ in range(n):
-                    await chan.receive()
-                return _rw_stats(chan)
+        return serve
 
-            await _aserve_rounds(ctrl, serve)
-        finally:
-            await chan.aclose()
-
-    _run_async(loop_kind, main)
+    _rw_async_child(ctrl, loop_kind, end, make_serve, type=Req, timeout=SETUP_TIMEOUT_S)
 
 
 class RingwireIdle(Peer):
