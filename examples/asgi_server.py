@@ -147,6 +147,11 @@ class WorkerClient:
         self._failure: BaseException | None = None
         self._receiver = asyncio.create_task(self._receive_replies())
 
+    @property
+    def pending(self) -> int:
+        """Requests sent and not answered yet."""
+        return len(self._pending)
+
     async def _receive_replies(self) -> None:
         """The one task that receives: hand each reply to whoever waits for its id."""
         try:
@@ -338,7 +343,7 @@ async def stats(request: HTTPRequest) -> Response:
             "slots_in_use": s.slots_in_use,  # our slots the worker still holds
             "slot_arrays_held": s.slot_arrays_held,  # worker slots we still hold
             "inline_fallbacks": s.inline_fallbacks,
-            "pending_requests": len(worker._pending),
+            "pending_requests": worker.pending,
         }
     )
 

@@ -24,7 +24,7 @@ Targets
 ``decode_typed``    ``Decoder(FuzzItem)``, a Record with typed, untyped, tensor and
                     array fields.
 ``decode_slots``    the transport's receive path with a resolver: the channel's own
-                    ``_decode_slots`` and ``RecvPool.resolve`` / ``salvage`` over a slot
+                    ``RecvPool.decode`` (``resolve`` / ``salvage``) over a slot
                     pool in a bytearray; every release must name a slot that was lent,
                     once, and nothing may stay held after the record is dropped.
 ``descriptor``      ``SlotRef`` / ``CudaRef`` payloads (Ext 4/5) on their own.
@@ -52,12 +52,21 @@ import msgspec
 import numpy as np
 import torch
 
-from ringwire._channel import _ChannelBase
-from ringwire._codec import Decoder, Encoder
-from ringwire._control import (
+from ringwire._errors import (
+    DecodeError,
+    EncodeError,
+    FrameTooLarge,
+    HandshakeError,
+    RingCorrupted,
+    SlotRefused,
+)
+from ringwire._shm.recvpool import RecvPool
+from ringwire._shm.sendpool import SendPool
+from ringwire._shm.slotconfig import RELEASE_CAPACITY, SlotConfig
+from ringwire._wire.codec import Decoder, Encoder
+from ringwire._wire.control import (
     MAX_MESSAGE,
     Handshake,
-    HandshakeError,
     Hello,
     Ready,
     Reject,
@@ -69,16 +78,13 @@ from ringwire._control import (
     encode_message,
     validate_hello,
 )
-from ringwire._descriptors import CudaRef, SlotRef, decode_descriptor
-from ringwire._dtypes import numpy_dtype_from_wire, torch_dtype_from_wire
-from ringwire._errors import DecodeError, EncodeError
-from ringwire._record import Record
-from ringwire._ringlayout import (
+from ringwire._wire.descriptors import CudaRef, SlotRef, decode_descriptor
+from ringwire._wire.dtypes import numpy_dtype_from_wire, torch_dtype_from_wire
+from ringwire._wire.record import Record
+from ringwire._wire.ring import (
     HEADER_SIZE,
     MIN_CAPACITY,
     WRAP_MARKER,
-    FrameTooLarge,
-    RingCorrupted,
     RingReader,
     RingWriter,
     check_ring,
@@ -86,17 +92,15 @@ from ringwire._ringlayout import (
     max_payload,
     ring_size,
 )
-from ringwire._slotlayout import (
+from ringwire._wire.slotlayout import (
     FREE,
     LOANED,
     SENT,
     SlotClass,
-    SlotRefused,
     init_pool,
     pool_size,
     slot_state,
 )
-from ringwire._slots import RELEASE_CAPACITY, RecvPool, SendPool, SlotConfig
 
 __all__ = ["Finding", "TARGETS", "Target", "seeds", "suspect_cause"]
 
@@ -229,11 +233,6 @@ POOL_CLASSES = (SlotClass(256, 3), SlotClass(4096, 3))
 _PSIZE = pool_size(POOL_CLASSES)
 
 
-class _Sock:
-    def send(self, data: bytes) -> int:
-        return len(data)
-
-
 def _sent_pool() -> tuple[bytearray, Any]:
     """A pool in a bytearray: slots 0-3 SENT (slot 1 at generation 3), 4 LOANED, 5 FREE."""
     buf = bytearray(_PSIZE + ring_size(RELEASE_CAPACITY))
@@ -252,9 +251,8 @@ def _sent_pool() -> tuple[bytearray, Any]:
 
 _rbuf, _rlayout = _sent_pool()
 _LENT = {(s, slot_state(_rbuf, s)[0]) for s in range(6) if slot_state(_rbuf, s)[1] == SENT}
-_recv = RecvPool(SimpleNamespace(buf=_rbuf, close=lambda: True), _rlayout, _Sock(), False)
+_recv = RecvPool(SimpleNamespace(buf=_rbuf, close=lambda: True), _rlayout, lambda: None, False)
 _lane = RingReader(_rbuf, _PSIZE)
-_chan = SimpleNamespace(_peer=_recv, _undecodable=None)
 _slot_decoders = (
     Decoder(resolver=_recv.resolve),
     Decoder(FuzzItem, resolver=_recv.resolve),
@@ -276,7 +274,7 @@ def decode_slots(data: bytes) -> str:
     for dec in _slot_decoders:
         view = memoryview(data)
         try:
-            value = _ChannelBase._decode_slots(_chan, dec, view)  # type: ignore[arg-type]
+            value = _recv.decode(dec, view)
             outcome = "ok"
         except DecodeError as exc:
             _refused(exc)

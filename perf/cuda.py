@@ -32,8 +32,8 @@ QUICK_ITERS = {1 << 20: 100, 1 << 30: 10}
 
 
 def _config() -> Any:
-    from ringwire._slotlayout import SlotClass
-    from ringwire._slots import SlotConfig
+    from ringwire._shm.slotconfig import SlotConfig
+    from ringwire._wire.slotlayout import SlotClass
 
     return SlotConfig(
         cuda_threshold=4096,
@@ -69,8 +69,8 @@ def run(quick: bool) -> dict[str, Any]:
     import torch
     import torch.multiprocessing as tmp
 
-    from ringwire._channel import pair
-    from ringwire._cuda import drop_idle_pools
+    from ringwire._conn.pair import pair
+    from ringwire._shm.cuda import drop_idle_pools
 
     iters = QUICK_ITERS if quick else ITERS
     total = sum(iters[s] for s in SIZES)

@@ -7,42 +7,35 @@ from __future__ import annotations
 
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
-from ._channel import (
-    DEFAULT_CAPACITY,
-    DEFAULT_SPIN_US,
-    Channel,
-    ChannelStatistics,
-    Listener,
-    ListenerStatistics,
-    PairEnd,
-    Receipt,
-    SyncChannel,
-    SyncListener,
-    SyncReceipt,
-    connect,
-    connect_sync,
-    listen,
-    pair,
-)
-from ._codec import Decoder, Encoder, decode, encode
-from ._control import HandshakeError, PeerCredentialsError, ProtocolError
-from ._descriptors import CudaRef, SlotRef
-from ._errors import DecodeError, EncodeError, RingwireError
-from ._ext import ExtCode
-from ._record import Record
-from ._ringlayout import FrameTooLarge, RingCorrupted
-from ._segment import SegmentError, SharedMemoryFull
-from ._segment import sweep as sweep_segments
-from ._slotlayout import SlotClass
-from ._slots import (
-    DEFAULT_SLOTS,
-    SlotConfig,
+from ._conn.async_channel import Channel, Receipt
+from ._conn.connect import DEFAULT_CAPACITY, connect, connect_sync
+from ._conn.endpoint import DEFAULT_SPIN_US
+from ._conn.listener import Listener, SyncListener, listen
+from ._conn.pair import PairEnd, pair
+from ._conn.statistics import ChannelStatistics, ListenerStatistics
+from ._conn.sync_channel import SyncChannel, SyncReceipt
+from ._errors import (
+    DecodeError,
+    EncodeError,
+    FrameTooLarge,
+    HandshakeError,
+    PeerCredentialsError,
+    ProtocolError,
+    RingCorrupted,
+    RingwireError,
+    SegmentError,
+    SharedMemoryFull,
     SlotMisuse,
     SlotsExhausted,
-    borrow,
-    copy_out,
-    release,
 )
+from ._shm.segment import sweep as sweep_segments
+from ._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
+from ._shm.views import borrow, copy_out, release
+from ._wire.codec import Decoder, Encoder, decode, encode
+from ._wire.descriptors import CudaRef, SlotRef
+from ._wire.ext import ExtCode
+from ._wire.record import Record
+from ._wire.slotlayout import SlotClass
 
 __version__ = "0.1.0"
 

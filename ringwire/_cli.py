@@ -44,7 +44,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ._ringlayout import (
+from ._shm.segment import SHM_DIR, pid_alive, stale_segments, sweep
+from ._wire.names import is_segment_name, name_pid
+from ._wire.ring import (
     _CAPACITY,
     _HEAD,
     _RCLOSED,
@@ -55,11 +57,10 @@ from ._ringlayout import (
     HEADER_SIZE,
     validate_capacity,
 )
-from ._segment import SHM_DIR, is_segment_name, name_pid, pid_alive, stale_segments, sweep
-from ._slotlayout import _ENTRY as _POOL_ENTRY
-from ._slotlayout import _HEADER as _POOL_HEADER
-from ._slotlayout import _MAX_SLOTS, FREE, LOANED, SENT
-from ._slotlayout import _TABLE_OFFSET as _POOL_TABLE
+from ._wire.slotlayout import _ENTRY as _POOL_ENTRY
+from ._wire.slotlayout import _HEADER as _POOL_HEADER
+from ._wire.slotlayout import _MAX_SLOTS, FREE, LOANED, SENT
+from ._wire.slotlayout import _TABLE_OFFSET as _POOL_TABLE
 
 __all__ = ["main", "scan"]
 

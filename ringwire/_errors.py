@@ -1,4 +1,4 @@
-"""The ringwire exception hierarchy.
+"""Every exception class ringwire defines, in one place.
 
 Every error ringwire raises on purpose derives from :class:`RingwireError`, so one
 ``except RingwireError`` catches them all.  The codec errors are also msgspec's own
@@ -9,17 +9,56 @@ against msgspec keeps working.
 Transport failures use anyio's exceptions (``BrokenResourceError``,
 ``ClosedResourceError``, ``EndOfStream``, ``WouldBlock``) with the meaning anyio gives
 them; they are re-exported from :mod:`ringwire` for convenience.
+
+::
+
+    RingwireError
+    ├── EncodeError (msgspec.EncodeError)
+    │   ├── FrameTooLarge           a record larger than the ring can carry
+    │   └── SlotMisuse              a loaned buffer sent twice or after sending
+    ├── DecodeError (msgspec.DecodeError, ValueError)
+    ├── ProtocolError               garbage on the control socket, a bad frame
+    │   └── HandshakeError          bad message, version, layout, or a refusal
+    │       └── PeerCredentialsError (PermissionError)  another uid
+    ├── RingCorrupted               an inconsistent ring header or frame
+    ├── SegmentError                a segment cannot be created or attached
+    │   └── SharedMemoryFull        no room in /dev/shm
+    ├── SlotsExhausted              no slot free (policy "error", timeout, futile)
+    └── SlotRefused                 a release the producer never handed out
+
+:class:`NeedSlot` is not an error: it is the signal by which encoding under policy
+``"wait"`` tells the send path to wait for a slot and encode again.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-__all__ = ["RingwireError", "EncodeError", "DecodeError"]
+__all__ = [
+    "DecodeError",
+    "EncodeError",
+    "FrameTooLarge",
+    "HandshakeError",
+    "NeedSlot",
+    "PeerCredentialsError",
+    "ProtocolError",
+    "RingCorrupted",
+    "RingwireError",
+    "SegmentError",
+    "SharedMemoryFull",
+    "SlotMisuse",
+    "SlotRefused",
+    "SlotsExhausted",
+]
 
 
 class RingwireError(Exception):
     """Base class of every error ringwire raises on purpose."""
+
+
+# -- the codec -------------------------------------------------------------------------
 
 
 class EncodeError(RingwireError, msgspec.EncodeError):
@@ -31,3 +70,68 @@ class DecodeError(RingwireError, msgspec.DecodeError):
 
     Also a :class:`msgspec.DecodeError` and a :class:`ValueError`.
     """
+
+
+class FrameTooLarge(EncodeError):
+    """A record is larger than the ring can carry (at most half its capacity).
+
+    Send large arrays and tensors through tensor slots instead of inline, or open the
+    channel with a larger ``capacity``.
+    """
+
+
+# -- the control protocol and the rings ----------------------------------------------------
+
+
+class ProtocolError(RingwireError):
+    """The peer broke the control protocol (garbage on the socket, a bad frame)."""
+
+
+class HandshakeError(ProtocolError):
+    """The connection handshake failed (bad message, version, layout, or refusal)."""
+
+
+class PeerCredentialsError(HandshakeError, PermissionError):
+    """The peer runs as another user: ringwire connects only processes of one uid."""
+
+
+class RingCorrupted(RingwireError):
+    """The ring's header or a frame in it is inconsistent: the peer is broken or hostile."""
+
+
+# -- shared memory ------------------------------------------------------------------------
+
+
+class SegmentError(RingwireError):
+    """A shared-memory segment cannot be created or attached."""
+
+
+class SharedMemoryFull(SegmentError):
+    """There is not enough room in ``/dev/shm`` for a new segment."""
+
+
+# -- tensor slots -------------------------------------------------------------------------
+
+
+class SlotsExhausted(RingwireError):
+    """No slot is free for an array (policy ``"error"``), or none can ever be (the
+    record needs more slots than the pool has), or a wait for one timed out."""
+
+
+class SlotMisuse(EncodeError):
+    """An array lives in a slot of this pool that is not a live loan: a loaned buffer
+    was sent twice, or used after it was sent."""
+
+
+class SlotRefused(RingwireError):
+    """A release names a slot or generation this producer did not hand out."""
+
+
+class NeedSlot(Exception):
+    """Not an error: policy "wait" found no free slot for ``nbytes`` (an ``int``, or a
+    ``CudaNeed`` for a GPU slot); the send path gives back what the record took, waits
+    for a release and encodes again."""
+
+    def __init__(self, nbytes: Any) -> None:
+        super().__init__(nbytes)
+        self.nbytes = nbytes

@@ -3,7 +3,7 @@ by ringwire channels -- spawned, supervised (restart or stop), drained and clean
 
 ::
 
-    import runtime
+    from ringwire import runtime
 
     topo = runtime.Topology([
         runtime.Worker("echo-0", "myapp.workers:echo", policy=runtime.Restart(max_restarts=3)),

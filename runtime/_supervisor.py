@@ -136,7 +136,7 @@ def _notice_peer_gone(chan: ringwire.Channel) -> None:
     """Read the control socket of a channel whose peer just died, so that it knows now
     (and reclaims the slots the peer held) rather than at its next operation."""
     if not chan.closed:
-        chan._drain()  # non-blocking: reads EOF, runs the slot safe point
+        chan.poll_peer()  # non-blocking: reads EOF, runs the slot safe point
 
 
 class Topology:
@@ -180,7 +180,7 @@ class Topology:
         self._workers: dict[str, _WorkerState] = {}
         for spec in workers:
             if not isinstance(spec, Worker):
-                raise TypeError(f"expected a runtime.Worker, not {type(spec).__name__}")
+                raise TypeError(f"expected a ringwire.runtime.Worker, not {type(spec).__name__}")
             if spec.name in self._workers:
                 raise ValueError(f"two workers are named {spec.name!r}")
             self._workers[spec.name] = _WorkerState(spec)

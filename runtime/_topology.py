@@ -56,7 +56,7 @@ class Worker:
 
     ``entry``
         ``"package.module:function"``: an importable ``async def function(ctx)`` taking a
-        :class:`~runtime.WorkerContext`.
+        :class:`~ringwire.runtime.WorkerContext`.
     ``policy``
         what an unexpected exit (a crash, a kill, or the entry returning on its own)
         does: ``"stop"`` stops the whole topology (the default), a :class:`Restart`

@@ -190,8 +190,9 @@ def _fast_exit(code: int) -> None:
     try:
         from multiprocessing import util
 
-        util._exit_function()  # type: ignore[attr-defined]  # as multiprocessing's bootstrap
-        atexit._run_exitfuncs()
+        # what multiprocessing's own bootstrap and the interpreter's exit call
+        util._exit_function()  # type: ignore[attr-defined]  # noqa: SLF001
+        atexit._run_exitfuncs()  # noqa: SLF001
         sys.stdout.flush()
         sys.stderr.flush()
     finally:

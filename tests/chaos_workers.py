@@ -286,7 +286,7 @@ async def role_producer(cfg: dict[str, Any]) -> None:
             while not count or seq < count:
                 rec = make_record(seq, salt)
                 kind = array_kind(seq, salt)
-                if loans and kind >= 0 and ch._pool is not None and seq % 2:
+                if loans and kind >= 0 and ch._core.pool is not None and seq % 2:
                     out = await ch.loan((_ARRAY_WORDS[kind],), np.uint32)
                     rec[3] = make_array(seq, salt, kind, out)
                     del out

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ringwire._segment import is_segment_name, name_pid
+from ringwire._wire.names import is_segment_name, name_pid
 
 SHM_DIR = Path("/dev/shm")
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ringwire._cuda import set_cuda_backend
+from ringwire._shm.cuda import set_cuda_backend
 
 
 class FakeEvent:

@@ -7,7 +7,7 @@ import signal
 
 import anyio
 
-import runtime
+from ringwire import runtime
 
 
 async def echo(ctx: runtime.WorkerContext) -> None:

@@ -42,11 +42,15 @@ import pytest
 import torch
 
 import ringwire
-from ringwire._channel import SyncListener, connect, connect_sync, listen, pair
-from ringwire._control import bind_unix_socket
-from ringwire._segment import SHM_DIR, Segment, SegmentError, is_segment_name, new_segment_name
-from ringwire._slotlayout import SlotClass, init_pool, pool_size
-from ringwire._slots import SlotConfig, create_pool
+from ringwire._conn.connect import connect, connect_sync
+from ringwire._conn.listener import SyncListener, listen
+from ringwire._conn.pair import pair
+from ringwire._errors import SegmentError
+from ringwire._shm.segment import SHM_DIR, Segment
+from ringwire._shm.slotconfig import SlotConfig, create_pool
+from ringwire._shm.sockets import bind_unix_socket
+from ringwire._wire.names import is_segment_name, new_segment_name
+from ringwire._wire.slotlayout import SlotClass, init_pool, pool_size
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -86,7 +90,7 @@ def test_segments_are_0600_whatever_the_umask(mask: int, monkeypatch: pytest.Mon
             created.append((name, stat.S_IMODE(st.st_mode), st.st_uid))
         return shm
 
-    monkeypatch.setattr("ringwire._segment.posix_ipc.SharedMemory", spy)
+    monkeypatch.setattr("ringwire._shm.segment.posix_ipc.SharedMemory", spy)
     with umask(mask):
         seg = Segment.create(4096)
         pseg, _ = create_pool(POOL)
@@ -311,8 +315,7 @@ def test_sync_listener_refuses_another_uid_by_peer_credentials(
 ) -> None:
     """The SO_PEERCRED check on the blocking listener (the uid is faked, so this runs
     without root; the real other-uid process is in the test above)."""
-    import ringwire._channel as ch
-    import ringwire._control as ctl
+    import ringwire._shm.sockets as ctl
 
     real = ctl.peer_credentials
     stranger = {"on": True}
@@ -321,8 +324,7 @@ def test_sync_listener_refuses_another_uid_by_peer_credentials(
         pid, uid, gid = real(sock)
         return (pid, uid + 4242, gid) if stranger["on"] and sock.getsockname() else (pid, uid, gid)
 
-    monkeypatch.setattr(ctl, "peer_credentials", creds)
-    monkeypatch.setattr(ch, "check_peer", ctl.check_peer)
+    monkeypatch.setattr(ctl, "peer_credentials", creds)  # check_peer reads it from there
     path = str(tmp_path / "s.sock")
     with SyncListener(path) as sl:
         errors: list[BaseException] = []
@@ -372,8 +374,10 @@ def test_segment_names_are_unguessable() -> None:
 def test_names_and_pool_ids_come_from_the_csprng() -> None:
     """Names and pool ids are drawn from ``secrets`` (the OS CSPRNG), never from
     ``random`` (whose state can be recovered from its outputs) or a counter."""
-    for mod in ("_segment.py", "_slotlayout.py", "_slots.py", "_channel.py"):
-        tree = ast.parse((ROOT / "ringwire" / mod).read_text())
+    sources = {p: p.read_text() for p in sorted((ROOT / "ringwire").rglob("*.py"))}
+    assert len(sources) > 10
+    for mod, text in sources.items():
+        tree = ast.parse(text)
         imported = {
             a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names
         } | {
@@ -382,8 +386,7 @@ def test_names_and_pool_ids_come_from_the_csprng() -> None:
             if isinstance(node, ast.ImportFrom) and node.module
         }
         assert "random" not in imported, mod
-    src = (ROOT / "ringwire" / "_segment.py").read_text()
-    assert re.search(r"secrets\.token_hex\(6\)", src)
+    assert any(re.search(r"secrets\.token_hex\(6\)", text) for text in sources.values())
     size = pool_size([SlotClass(64, 1)])
     ids = {init_pool(bytearray(size), [SlotClass(64, 1)]).pool_id for _ in range(2000)}
     assert len(ids) == 2000

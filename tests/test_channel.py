@@ -23,32 +23,27 @@ import msgspec
 import numpy as np
 import pytest
 
-from ringwire._channel import (
-    Channel,
-    ChannelStatistics,
-    PairEnd,
-    SyncChannel,
-    SyncListener,
-    connect,
-    connect_sync,
-    listen,
-    pair,
-)
-from ringwire._control import (
+from ringwire._conn.async_channel import Channel
+from ringwire._conn.connect import connect, connect_sync
+from ringwire._conn.listener import SyncListener, listen
+from ringwire._conn.pair import PairEnd, pair
+from ringwire._conn.statistics import ChannelStatistics
+from ringwire._conn.sync_channel import SyncChannel
+from ringwire._errors import (
+    DecodeError,
+    FrameTooLarge,
     HandshakeError,
-    Hello,
     PeerCredentialsError,
     ProtocolError,
-    RingSpec,
-    SegmentSpec,
-    encode_message,
+    RingCorrupted,
+    SharedMemoryFull,
 )
-from ringwire._errors import DecodeError
-from ringwire._record import Record
-from ringwire._ringlayout import FrameTooLarge, RingCorrupted, init_ring, ring_size
-from ringwire._segment import SHM_DIR, Segment, SharedMemoryFull
-from ringwire._slotlayout import SlotClass
-from ringwire._slots import SlotConfig
+from ringwire._shm.segment import SHM_DIR, Segment
+from ringwire._shm.slotconfig import SlotConfig
+from ringwire._wire.control import Hello, RingSpec, SegmentSpec, encode_message
+from ringwire._wire.record import Record
+from ringwire._wire.ring import init_ring, ring_size
+from ringwire._wire.slotlayout import SlotClass
 
 from anyio import (  # isort: skip
     BrokenResourceError,
@@ -68,7 +63,7 @@ def small_slot_pools(monkeypatch: pytest.MonkeyPatch) -> None:
     tests make hundreds of connections (tests/test_slots.py covers slots, and the
     default pool).  Spawned children keep the real default."""
     monkeypatch.setattr(
-        "ringwire._slots.default_slots", SlotConfig(classes=(SlotClass(64 * 1024, 4),))
+        "ringwire._shm.slotconfig.default_slots", SlotConfig(classes=(SlotClass(64 * 1024, 4),))
     )
 
 
@@ -496,7 +491,7 @@ async def test_corrupt_frame_breaks_only_that_connection():
     async with a, b:
         await a.send("good")
         # scribble a bad length into the next frame and publish it
-        tx = a._tx
+        tx = a._core.tx
         pos = tx._tail & tx._mask
         tx._d32[pos >> 2] = 0x7FFFFFF0
         tx._tail += 8
@@ -515,7 +510,7 @@ async def test_corrupt_frame_breaks_only_that_connection():
 async def test_garbage_on_control_socket_breaks_connection():
     a, b = await connected_pair(spin_us=0)
     async with a, b:
-        a._sock.send(b"garbage")
+        a._core.transport._sock.send(b"garbage")
         with pytest.raises(BrokenResourceError) as ei:
             await b.receive()
         assert isinstance(ei.value.__cause__, ProtocolError)
@@ -703,7 +698,7 @@ async def test_listener_survives_bad_clients(tmp_path):
 
 @pytest.mark.anyio
 async def test_listener_refuses_other_uid(tmp_path, monkeypatch):
-    import ringwire._channel as ch
+    import ringwire._conn.listener as ch
 
     real = ch.check_peer
 
@@ -1255,20 +1250,20 @@ def test_spin_budget_collapses_under_a_slow_peer_and_recovers():
     """A spin that times out halves the budget (a slow peer costs little CPU); after
     a run of timeouts the full budget is tried again, so a peer that became fast is
     caught hot again instead of paying a doorbell per message forever."""
-    from ringwire._channel import _MIN_SPIN_NS, _SPIN_PROBE
+    from ringwire._conn.endpoint import _MIN_SPIN_NS, _SPIN_PROBE
 
     a, b = sync_pair(capacity=SMALL, spin_us=40)
     with a, b:
-        full = b._spin_ns
+        full = b._core.spin_ns
         assert full == 40_000
         for _ in range(6):
-            assert not b._spin(lambda: False)
-        assert b._spin_cur == _MIN_SPIN_NS
+            assert not b._core.spin(lambda: False)
+        assert b._core._spin_cur == _MIN_SPIN_NS
         for _ in range(_SPIN_PROBE - 7):
-            b._spin(lambda: False)
-        assert b._spin_cur == _MIN_SPIN_NS
-        b._spin(lambda: False)  # the 16th miss in a row: the next spin probes at full
-        assert b._spin_cur == full
+            b._core.spin(lambda: False)
+        assert b._core._spin_cur == _MIN_SPIN_NS
+        b._core.spin(lambda: False)  # the 16th miss in a row: the next spin probes at full
+        assert b._core._spin_cur == full
         ticks = iter(range(1000))
-        assert b._spin(lambda: next(ticks) > 3)  # the peer answers while we spin
-        assert b._spin_cur == full and b._spin_misses == 0
+        assert b._core.spin(lambda: next(ticks) > 3)  # the peer answers while we spin
+        assert b._core._spin_cur == full and b._core._spin_misses == 0

@@ -48,9 +48,8 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 import ringwire
-import runtime
-from ringwire import BrokenResourceError, EndOfStream
-from ringwire._segment import is_segment_name, name_pid
+from ringwire import BrokenResourceError, EndOfStream, runtime
+from ringwire._wire.names import is_segment_name, name_pid
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -1307,7 +1306,7 @@ SHM_FULL_SCRIPT = textwrap.dedent(
     import numpy as np
     import ringwire
     from ringwire import SharedMemoryFull, SlotClass, SlotConfig
-    from ringwire._segment import Segment
+    from ringwire._shm.segment import Segment
     from chaos_workers import CHAOS_SLOTS, check_record, make_record
 
     SHM = "/dev/shm"
@@ -1487,7 +1486,7 @@ def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path
     code = textwrap.dedent(
         f"""
         import os, socket
-        from ringwire._segment import Segment
+        from ringwire._shm.segment import Segment
         seg = Segment.create(8192)  # never announced, never unlinked
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect({path!r})
@@ -1510,13 +1509,13 @@ def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path
 def test_client_unlinks_the_servers_pool_name_once_attached() -> None:
     """A server killed after its Welcome but before it read Ready cannot unlink its pool
     name: the client removes it as soon as it has attached the pool."""
-    from ringwire._channel import _client_handshake
-    from ringwire._control import PROTOCOL_VERSION, SegmentSpec, Welcome, encode_message
-    from ringwire._slots import create_pool
+    from ringwire._shm.handshake import client_handshake
+    from ringwire._shm.slotconfig import create_pool
+    from ringwire._wire.control import PROTOCOL_VERSION, SegmentSpec, Welcome, encode_message
 
     pseg, _ = create_pool(CHAOS_SLOTS)  # "the server's" pool
     try:
-        gen = _client_handshake(4096, None)
+        gen = client_handshake(4096, None)
         assert next(gen)[0] == "send"  # Hello
         assert gen.send(None)[0] == "recv"
         welcome = Welcome(
@@ -1564,15 +1563,15 @@ def test_a_sender_that_never_waits_learns_of_a_death_quickly(tmp_path: Path, api
     room for thousands of records: a sender that only sends used to learn of it only
     when the ring was full.  On asyncio the loop notices at once (slots come back with
     no call at all); elsewhere a send peeks at the control socket every
-    _ALIVE_EVERY records."""
-    from ringwire._channel import _ALIVE_EVERY
+    ALIVE_EVERY records."""
+    from ringwire._conn.endpoint import ALIVE_EVERY
 
     path = str(tmp_path / "q.sock")
     cfg = {"role": "idle", "path": path, "backend": "asyncio", "salt": 5, "hold": 3}
     big = np.ones(12_000, np.uint32)  # 48 KB: a slot
 
     def after_death(ch: Any, sends_after: int) -> None:
-        assert sends_after <= _ALIVE_EVERY + 1, f"{sends_after} sends succeeded after the death"
+        assert sends_after <= ALIVE_EVERY + 1, f"{sends_after} sends succeeded after the death"
         stats = ch.statistics()
         assert stats.slots_in_use == 0 and stats.slots_free == FULL_POOL, stats
 
@@ -1600,12 +1599,12 @@ def test_a_sender_that_never_waits_learns_of_a_death_quickly(tmp_path: Path, api
                     for i in range(3):
                         await ch.send([i, big])
                     await anyio.to_thread.run_sync(child.until, "P idle")
-                    assert ch._pool is not None and ch._pool.alloc.in_use() == 3
+                    assert ch._core.pool is not None and ch._core.pool.alloc.in_use() == 3
                     child.proc.kill()
                     await anyio.to_thread.run_sync(child.proc.wait)
                     if api == "asyncio":
                         with anyio.fail_after(1):
-                            while ch._pool.alloc.in_use():  # no call on the channel
+                            while ch._core.pool.alloc.in_use():  # no call on the channel
                                 await anyio.sleep(0.001)
                     k = 0
                     with pytest.raises(BrokenResourceError):
@@ -1625,7 +1624,7 @@ def test_a_slot_pool_that_does_not_fit_says_so(monkeypatch: pytest.MonkeyPatch) 
     advise smaller rings)."""
     import errno
 
-    from ringwire._slots import create_pool
+    from ringwire._shm.slotconfig import create_pool
 
     def full(fd: int, off: int, size: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

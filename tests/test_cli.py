@@ -17,8 +17,8 @@ import pytest
 
 import ringwire
 from ringwire import _cli
-from ringwire._ringlayout import frame_size
-from ringwire._segment import SHM_DIR, Segment, stale_segments, unlink_segment
+from ringwire._shm.segment import SHM_DIR, Segment, stale_segments, unlink_segment
+from ringwire._wire.ring import frame_size
 
 SPAWN = mp.get_context("spawn")
 KiB = 1 << 10

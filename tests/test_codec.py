@@ -1,4 +1,4 @@
-"""Tests of ringwire._codec: wire bytes, round trips, and hostile input."""
+"""Tests of ringwire._wire.codec: wire bytes, round trips, and hostile input."""
 
 from __future__ import annotations
 

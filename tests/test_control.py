@@ -10,29 +10,24 @@ import struct
 import msgspec
 import pytest
 
-from ringwire._control import (
+from ringwire._errors import HandshakeError, PeerCredentialsError, ProtocolError, RingwireError
+from ringwire._shm.sockets import bind_unix_socket, check_peer, peer_credentials
+from ringwire._wire.control import (
     MAX_MESSAGE,
     SUPPORTED_VERSIONS,
     Handshake,
-    HandshakeError,
     Hello,
-    PeerCredentialsError,
-    ProtocolError,
     Ready,
     Reject,
     RingSpec,
     SegmentSpec,
     Welcome,
-    bind_unix_socket,
-    check_peer,
     choose_version,
     decode_message,
     encode_message,
-    peer_credentials,
     validate_hello,
 )
-from ringwire._errors import RingwireError
-from ringwire._ringlayout import HEADER_SIZE
+from ringwire._wire.ring import HEADER_SIZE
 
 NAME = "/rw.123.0123456789ab"
 

@@ -24,8 +24,9 @@ import torch
 from cuda_fake import FakeCudaBackend, install
 from test_slots import SPAWN, apair, spair, spawned
 
-from ringwire._channel import PairEnd, pair
-from ringwire._cuda import (
+from ringwire._conn.pair import PairEnd, pair
+from ringwire._errors import DecodeError, SlotMisuse, SlotsExhausted
+from ringwire._shm.cuda import (
     CudaNeed,
     cuda_backend,
     cuda_pool_id,
@@ -34,10 +35,10 @@ from ringwire._cuda import (
     set_cuda_backend,
     split_tag,
 )
-from ringwire._descriptors import CudaRef
-from ringwire._errors import DecodeError
-from ringwire._slotlayout import SlotClass
-from ringwire._slots import SlotConfig, SlotMisuse, SlotsExhausted, release
+from ringwire._shm.slotconfig import SlotConfig
+from ringwire._shm.views import release
+from ringwire._wire.descriptors import CudaRef
+from ringwire._wire.slotlayout import SlotClass
 
 from anyio import BrokenResourceError  # isort: skip
 
@@ -127,7 +128,7 @@ async def test_cuda_tensors_travel_by_reference_and_the_pool_opens_once(fake) ->
         # handle cannot be opened by the process that exported it)
         assert fake.pools_allocated == 1 and fake.pool_opens == 0
         assert fake.copies == 5 and fake.waits == 5  # waited on the producer's event each time
-        assert b._peer is not None and b._peer.cuda_opens == 1
+        assert b._core.peer is not None and b._core.peer.cuda_opens == 1
         stats = a.statistics()
         assert stats.cuda_pools == [0] and stats.releases_received == 5
 
@@ -329,10 +330,10 @@ async def test_forged_cuda_references_are_refused(fake) -> None:
         held = await b.receive()
         await c.send(fake.tensor(torch.ones(4096)))
         other = await d.receive()
-        pool = a._pool.cuda_pools[0]  # type: ignore[union-attr]
+        pool = a._core.pool.cuda_pools[0]  # type: ignore[union-attr]
         good = pool.ref(0, pool.layout.offsets[0], 16384, torch.ones(4096))
-        foreign = c._pool.cuda_pools[0]  # type: ignore[union-attr]
-        peer = b._peer
+        foreign = c._core.pool.cuda_pools[0]  # type: ignore[union-attr]
+        peer = b._core.peer
         assert peer is not None
         attacks = {
             "foreign pool": forged(good, pool=foreign.layout.pool_id),
@@ -370,7 +371,7 @@ async def test_forged_cuda_releases_break_only_that_connection(fake) -> None:
     async with a, b:
         await a.send(fake.tensor(torch.ones(4096)))
         y = await b.receive()
-        peer = b._peer
+        peer = b._core.peer
         assert peer is not None
         peer.queue.push(cuda_tag(0, 1), 0)  # a slot never given
         with pytest.raises(BrokenResourceError):
@@ -412,7 +413,7 @@ def test_kill_consumer_with_cuda_slots_in_flight_returns_them(fake) -> None:
                 with pytest.raises(BrokenResourceError):
                     with anyio.fail_after(5):
                         await ch.receive()
-                await until(lambda: ch._pool.cuda_pools[0].alloc.in_use() == 0)  # type: ignore[union-attr]
+                await until(lambda: ch._core.pool.cuda_pools[0].alloc.in_use() == 0)  # type: ignore[union-attr]
                 assert time.perf_counter() - killed < 1.0
                 stats = ch.statistics()
                 assert stats.cuda_slots_in_use == 0 and stats.slots_reclaimed == 3

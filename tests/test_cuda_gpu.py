@@ -18,10 +18,10 @@ import anyio
 import pytest
 import torch
 
-from ringwire._channel import PairEnd, pair
-from ringwire._cuda import drop_idle_pools
-from ringwire._slotlayout import SlotClass
-from ringwire._slots import SlotConfig
+from ringwire._conn.pair import PairEnd, pair
+from ringwire._shm.cuda import drop_idle_pools
+from ringwire._shm.slotconfig import SlotConfig
+from ringwire._wire.slotlayout import SlotClass
 
 pytestmark = [
     pytest.mark.gpu,

@@ -33,8 +33,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringwire import DecodeError, Decoder, Encoder
-from ringwire._control import Handshake, HandshakeError, decode_message
-from ringwire._ringlayout import HEADER_SIZE, RingCorrupted, RingReader, init_ring, ring_size
+from ringwire._errors import HandshakeError, RingCorrupted
+from ringwire._wire.control import Handshake, decode_message
+from ringwire._wire.ring import HEADER_SIZE, RingReader, init_ring, ring_size
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FUZZ = ROOT / "fuzz"

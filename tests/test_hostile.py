@@ -31,24 +31,26 @@ import numpy as np
 import pytest
 
 from ringwire import DecodeError
-from ringwire._channel import Channel, Listener, SyncListener, connect, connect_sync, listen, pair
-from ringwire._control import (
+from ringwire._conn.async_channel import Channel
+from ringwire._conn.connect import connect, connect_sync
+from ringwire._conn.listener import Listener, SyncListener, listen
+from ringwire._conn.pair import pair
+from ringwire._errors import HandshakeError, ProtocolError, RingCorrupted, SlotRefused
+from ringwire._shm.segment import SHM_DIR, Segment
+from ringwire._shm.slotconfig import SlotConfig
+from ringwire._shm.sockets import bind_unix_socket
+from ringwire._wire.control import (
     MAX_MESSAGE,
-    HandshakeError,
     Hello,
-    ProtocolError,
     Reject,
     RingSpec,
     SegmentSpec,
     Welcome,
-    bind_unix_socket,
     encode_message,
 )
-from ringwire._descriptors import CudaRef, SlotRef
-from ringwire._ringlayout import WRAP_MARKER, RingCorrupted, ring_size
-from ringwire._segment import SHM_DIR, Segment
-from ringwire._slotlayout import SENT, SlotClass, SlotRefused, slot_state
-from ringwire._slots import SlotConfig
+from ringwire._wire.descriptors import CudaRef, SlotRef
+from ringwire._wire.ring import WRAP_MARKER, ring_size
+from ringwire._wire.slotlayout import SENT, SlotClass, slot_state
 
 from anyio import BrokenResourceError, EndOfStream  # isort: skip
 
@@ -174,7 +176,7 @@ def producer_pool_is_whole(ch: Channel, *, releases: int, loans: int = 0) -> Non
     """After the break: every slot sent on the connection is back in the pool, nothing
     freed twice, the statistics add up (``releases`` counts only the honest releases;
     ``loans`` slots were loaned by the producer itself and stay loaned)."""
-    pool = ch._pool
+    pool = ch._core.pool
     assert pool is not None
     alloc = pool.alloc
     st = pool.statistics()
@@ -236,7 +238,7 @@ async def test_forged_slot_reference_drops_only_that_connection(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ringwire")
     async with scene(tmp_path) as s:
-        assert s.good._pool is not None and s.bad._pool is not None and s.srv_bad._pool is not None
+        assert s.good._core.pool is not None and s.bad._core.pool is not None and s.srv_bad._core.pool is not None
         # honest traffic first: the good client's array is held by the listener
         held_x = np.arange(10_000.0)
         await s.good.send(held_x)
@@ -249,7 +251,7 @@ async def test_forged_slot_reference_drops_only_that_connection(
         kept = await s.bad.receive()
         # the hostile client's pool: slot 0 loaned, slot 1 sent, received and released
         # (so it is free at generation 1 and is the next slot a send takes), 2-5 unused
-        bad_pool = s.bad._pool
+        bad_pool = s.bad._core.pool
         loaned = await s.bad.loan(512, np.float64)
         await s.bad.send(np.ones(4096))
         conn, got = await s.lst.receive()
@@ -263,12 +265,12 @@ async def test_forged_slot_reference_drops_only_that_connection(
         v32k = {"nbytes": 32768, "shape": (4096,)}
         wire: Any
         if forgery == "another connection's pool":  # exactly what srv_good holds
-            slot = next(i for i in range(6) if s.good._pool.alloc.status(i) == SENT)
-            wire = _ref_to_slot(s.good._pool, slot, nbytes=80_000, shape=(10_000,))
+            slot = next(i for i in range(6) if s.good._core.pool.alloc.status(i) == SENT)
+            wire = _ref_to_slot(s.good._core.pool, slot, nbytes=80_000, shape=(10_000,))
         elif forgery == "the listener's own pool":
             await s.srv_bad.send(np.ones(2048))  # the listener's pool lends a slot...
             mine = await s.bad.receive()
-            wire = _ref_to_slot(s.srv_bad._pool, 0, nbytes=16384, shape=(2048,))  # ...named back
+            wire = _ref_to_slot(s.srv_bad._core.pool, 0, nbytes=16384, shape=(2048,))  # ...named back
             del mine
         elif forgery == "stale generation":
             wire = _ref_to_slot(bad_pool, nxt, generation=0, **v32k)
@@ -319,7 +321,7 @@ async def test_forged_slot_reference_drops_only_that_connection(
         await good_round_trip(s)
         # the listener's own pool for the hostile connection: the slot the hostile
         # client held is reclaimed (by the close: publish=False), the statistics add up
-        assert s.srv_bad._pool.reclaimed == 1
+        assert s.srv_bad._core.pool.reclaimed == 1
         producer_pool_is_whole(s.srv_bad, releases=int(forgery == "the listener's own pool"))
     assert not our_names()
 
@@ -338,12 +340,12 @@ async def test_forged_reference_on_a_pair_is_a_clear_decode_error() -> None:
         ca = await a.connect(slots=POOL)
     cb = out["b"]
     async with ca, cb:
-        assert ca._pool is not None
+        assert ca._core.pool is not None
         cases = {
-            "not this connection's": _ref(pool=ca._pool.layout.pool_id ^ 1),
-            "of a 6-slot pool": _ref(pool=ca._pool.layout.pool_id, slot=6),
-            "lies outside slot": _ref_to_slot(ca._pool, 0, offset=0),
-            "is stale": _ref_to_slot(ca._pool, 0),  # free: never sent
+            "not this connection's": _ref(pool=ca._core.pool.layout.pool_id ^ 1),
+            "of a 6-slot pool": _ref(pool=ca._core.pool.layout.pool_id, slot=6),
+            "lies outside slot": _ref_to_slot(ca._core.pool, 0, offset=0),
+            "is stale": _ref_to_slot(ca._core.pool, 0),  # free: never sent
         }
         for match, ref in cases.items():
             await ca.send(ref)
@@ -427,7 +429,7 @@ async def test_forged_cuda_reference_drops_only_that_connection(
     import torch
     from cuda_fake import install
 
-    from ringwire._cuda import cuda_pool_id, drop_idle_pools, set_cuda_backend
+    from ringwire._shm.cuda import cuda_pool_id, drop_idle_pools, set_cuda_backend
 
     gpu = SlotConfig(
         classes=(SlotClass(64 * KiB, 4),),
@@ -457,8 +459,8 @@ async def test_forged_cuda_reference_drops_only_that_connection(
                 with anyio.fail_after(5):
                     while bad.statistics().cuda_slots_in_use:
                         await anyio.sleep(0.002)
-                mine = bad._pool.cuda_pools[0]  # type: ignore[union-attr]
-                theirs = good._pool.cuda_pools[0]  # type: ignore[union-attr]
+                mine = bad._core.pool.cuda_pools[0]  # type: ignore[union-attr]
+                theirs = good._core.pool.cuda_pools[0]  # type: ignore[union-attr]
                 ref = mine.ref(0, mine.layout.offsets[0], 16384, torch.ones(4096))
                 if forgery == "another connection's GPU pool":
                     ref = theirs.ref(0, theirs.layout.offsets[0], 16384, torch.ones(4096))
@@ -469,7 +471,7 @@ async def test_forged_cuda_reference_drops_only_that_connection(
                 elif forgery == "slot out of range":
                     ref = msgspec.structs.replace(ref, slot=2**40)
                 else:
-                    pool_id = cuda_pool_id(srv_bad._peer.layout.pool_id, 3)  # type: ignore[union-attr]
+                    pool_id = cuda_pool_id(srv_bad._core.peer.layout.pool_id, 3)  # type: ignore[union-attr]
                     ref = msgspec.structs.replace(ref, device=3, pool=pool_id)
                 good_gpu = good.statistics().cuda_slots_in_use
                 await bad.send({"t": ref})
@@ -519,8 +521,8 @@ async def test_forged_release_breaks_only_that_connection(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ringwire")
     async with scene(tmp_path) as s:
-        prod = s.srv_bad._pool  # the listener's send pool for the hostile connection
-        peer = s.bad._peer  # the hostile client's view of it (its release lane writer)
+        prod = s.srv_bad._core.pool  # the listener's send pool for the hostile connection
+        peer = s.bad._core.peer  # the hostile client's view of it (its release lane writer)
         assert prod is not None and peer is not None
         # honest: two arrays sent, one released (finalizer), one still held
         await s.srv_bad.send([np.ones(4096), np.full(4096, 2.0)])
@@ -557,12 +559,12 @@ async def test_forged_release_breaks_only_that_connection(
             w._q[8] = w._tail
         else:
             w._q[8] = w._tail + w.capacity + 8
-        s.bad._sock.send(b"S")  # "I freed space": the listener processes its lane
+        s.bad._core.transport._sock.send(b"S")  # "I freed space": the listener processes its lane
         reason = await until_dropped(s, caplog)
         expected = (
             SlotRefused if "lane" not in attack and "multiple" not in attack else RingCorrupted
         )
-        assert isinstance(s.srv_bad._broken, expected), s.srv_bad._broken
+        assert isinstance(s.srv_bad._core.broken, expected), s.srv_bad._core.broken
         assert "release" in reason or "frame" in reason or "tail" in reason, reason
         del kept, loan
         await hostile_end_sees_the_break(s.bad)
@@ -608,13 +610,13 @@ def _bin_record(n: int) -> bytes:
 async def walk_to(s: Scene, left: int) -> None:
     """Honest records until the hostile writer's position is ``left`` bytes before the
     end of its ring (the listener takes them all)."""
-    tx = s.bad._tx
+    tx = s.bad._core.tx
     while (tx.capacity - (tx._tail & tx._mask)) % tx.capacity != left:
         room = (tx.capacity - (tx._tail & tx._mask)) - left
         if room <= 0:
             room += tx.capacity
         assert tx.try_write(_bin_record(min(room, 2048) - 4))
-        s.bad._sock.send(b"D")
+        s.bad._core.transport._sock.send(b"D")
         with anyio.fail_after(5):
             conn, rec = await s.lst.receive()
         assert conn is s.srv_bad and set(rec) == {ord("x")}
@@ -629,7 +631,7 @@ async def test_lying_frames_break_only_that_connection(
         await s.bad.send("honest first")
         conn, rec = await s.lst.receive()
         assert conn is s.srv_bad and rec == "honest first"
-        tx = s.bad._tx
+        tx = s.bad._core.tx
         pos = tx._tail & tx._mask
         expect = "bad frame length"
         if attack == "length past the largest payload":
@@ -656,11 +658,11 @@ async def test_lying_frames_break_only_that_connection(
             expect = "out of range"
         else:
             expect = "unexpected bytes on the control socket"
-        s.bad._sock.send(b"X" if attack == "garbage doorbell" else b"D")
+        s.bad._core.transport._sock.send(b"X" if attack == "garbage doorbell" else b"D")
         reason = await until_dropped(s, caplog)
         assert expect in reason, reason
         cause = ProtocolError if attack == "garbage doorbell" else RingCorrupted
-        assert isinstance(s.srv_bad._broken, cause), s.srv_bad._broken
+        assert isinstance(s.srv_bad._core.broken, cause), s.srv_bad._core.broken
         await hostile_end_sees_the_break(s.bad)
         producer_pool_is_whole(s.srv_bad, releases=0)
         await good_round_trip(s)

@@ -1,4 +1,4 @@
-"""Tests of ringwire._record: the Record base class."""
+"""Tests of ringwire._wire.record: the Record base class."""
 
 from __future__ import annotations
 

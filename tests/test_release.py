@@ -1,4 +1,4 @@
-"""Tests of ringwire._release: releases from finalizers are never lost or blocked."""
+"""Tests of ringwire._wire.release: releases from finalizers are never lost or blocked."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import weakref
 from collections.abc import Sequence
 
-from ringwire._release import ReleaseQueue
+from ringwire._wire.release import ReleaseQueue
 
 
 class Sink:

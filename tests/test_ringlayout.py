@@ -8,13 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringwire._errors import EncodeError
-from ringwire._ringlayout import (
+from ringwire._errors import EncodeError, FrameTooLarge, RingCorrupted
+from ringwire._wire.ring import (
     HEADER_SIZE,
     MIN_CAPACITY,
     WRAP_MARKER,
-    FrameTooLarge,
-    RingCorrupted,
     RingReader,
     RingWriter,
     check_ring,

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 import ringwire
-import runtime
-from ringwire import SlotClass, SlotConfig
+from ringwire import SlotClass, SlotConfig, runtime
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -47,7 +46,7 @@ def topology(*workers: runtime.Worker, **kw: Any) -> runtime.Topology:
 
 
 def alive(pid: int) -> bool:
-    return ringwire._segment.pid_alive(pid)
+    return ringwire._shm.segment.pid_alive(pid)
 
 
 async def next_event(events: Any, kind: type, timeout: float = 5.0) -> Any:
@@ -290,8 +289,7 @@ SCRIPT = textwrap.dedent(
     """
     import os, sys, anyio
     sys.path.insert(0, {tests!r})
-    import runtime
-    from ringwire import SlotClass, SlotConfig
+    from ringwire import SlotClass, SlotConfig, runtime
 
     SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4),))
 

@@ -11,20 +11,10 @@ import time
 import posix_ipc
 import pytest
 
-from ringwire import _segment
-from ringwire._errors import RingwireError
-from ringwire._segment import (
-    SHM_DIR,
-    Segment,
-    SegmentError,
-    SharedMemoryFull,
-    is_segment_name,
-    name_pid,
-    new_segment_name,
-    pid_alive,
-    sweep,
-    unlink_segment,
-)
+from ringwire._errors import RingwireError, SegmentError, SharedMemoryFull
+from ringwire._shm import segment as _segment
+from ringwire._shm.segment import SHM_DIR, Segment, pid_alive, sweep, unlink_segment
+from ringwire._wire.names import is_segment_name, name_pid, new_segment_name
 
 
 def shm_path(name: str) -> str:

@@ -1,4 +1,4 @@
-"""Tests of ringwire._slotlayout: slot-pool arithmetic on a plain bytearray."""
+"""Tests of ringwire._wire.slotlayout: slot-pool arithmetic on a plain bytearray."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringwire import DecodeError, RingwireError, SlotRef
-from ringwire._slotlayout import (
+from ringwire._errors import SlotRefused
+from ringwire._wire.slotlayout import (
     FREE,
     LOANED,
     SENT,
     SlotAllocator,
     SlotClass,
-    SlotRefused,
     check_ref,
     init_pool,
     pool_size,

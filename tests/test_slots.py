@@ -22,24 +22,21 @@ import numpy as np
 import pytest
 import torch
 
-from ringwire import _ringlayout
-from ringwire._channel import Channel, PairEnd, SyncChannel, connect, listen, pair
-from ringwire._control import Hello, RingSpec, SegmentSpec, encode_message
-from ringwire._descriptors import SlotRef
-from ringwire._errors import DecodeError
-from ringwire._record import Record
-from ringwire._ringlayout import FrameTooLarge, init_ring, ring_size
-from ringwire._segment import Segment
-from ringwire._slotlayout import SlotClass, slot_state
-from ringwire._slots import (
-    DEFAULT_SLOTS,
-    SlotConfig,
-    SlotMisuse,
-    SlotsExhausted,
-    borrow,
-    copy_out,
-    release,
-)
+from ringwire._conn.async_channel import Channel
+from ringwire._conn.connect import connect
+from ringwire._conn.listener import listen
+from ringwire._conn.pair import PairEnd, pair
+from ringwire._conn.sync_channel import SyncChannel
+from ringwire._errors import DecodeError, FrameTooLarge, SlotMisuse, SlotsExhausted
+from ringwire._shm.segment import Segment
+from ringwire._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
+from ringwire._shm.views import borrow, copy_out, release
+from ringwire._wire import ring as _ringlayout
+from ringwire._wire.control import Hello, RingSpec, SegmentSpec, encode_message
+from ringwire._wire.descriptors import SlotRef
+from ringwire._wire.record import Record
+from ringwire._wire.ring import init_ring, ring_size
+from ringwire._wire.slotlayout import SlotClass, slot_state
 
 from anyio import BrokenResourceError, EndOfStream, WouldBlock  # isort: skip
 
@@ -105,7 +102,7 @@ def address(x: Any) -> int:
 
 
 def in_peer_pool(ch: Channel | SyncChannel, x: Any) -> bool:
-    peer = ch._peer
+    peer = ch._core.peer
     assert peer is not None
     probe = np.frombuffer(peer.seg.buf, np.uint8, count=1)
     lo = address(probe)
@@ -114,7 +111,7 @@ def in_peer_pool(ch: Channel | SyncChannel, x: Any) -> bool:
 
 
 def in_peer_pool_any(x: Any) -> bool:
-    from ringwire._slots import _holder
+    from ringwire._shm.views import _holder
 
     return _holder(x) is not None
 
@@ -146,8 +143,8 @@ async def test_default_pool_connects_and_is_unlinked():
     elapsed = time.perf_counter() - t0
     async with a, b:
         assert elapsed < 2.0, elapsed
-        assert a._pool is not None and b._peer is not None
-        assert a._pool.seg.unlinked and b._pool is not None and b._pool.seg.unlinked
+        assert a._core.pool is not None and b._core.peer is not None
+        assert a._core.pool.seg.unlinked and b._core.pool is not None and b._core.pool.seg.unlinked
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"rw.{os.getpid()}.")]
         x = np.random.default_rng(0).random((1024, 1024))  # 8 MiB: a 16 MiB slot
         await a.send(x)
@@ -349,8 +346,8 @@ async def test_loans_are_zero_copy_and_single_use():
         y = await b.receive()
         assert np.all(y == 7) and in_peer_pool(b, y)
         # the consumer's view is the very slot the producer filled
-        assert address(y) - address(b._peer and np.frombuffer(b._peer.seg.buf, np.uint8, 1)) == (
-            address(x) - address(np.frombuffer(a._pool.seg.buf, np.uint8, 1))  # type: ignore[union-attr]
+        assert address(y) - address(b._core.peer and np.frombuffer(b._core.peer.seg.buf, np.uint8, 1)) == (
+            address(x) - address(np.frombuffer(a._core.pool.seg.buf, np.uint8, 1))  # type: ignore[union-attr]
         )
         with pytest.raises(SlotMisuse, match="sent once"):
             await a.send(x)  # twice
@@ -575,7 +572,7 @@ def test_gc_releases_in_a_sync_consumer_thread_and_finalizers_take_no_locks():
         # the channel's own locks must not deadlock: it takes none of them.
         a.send(np.ones(10_000))
         x = b.receive(timeout=5)
-        with _ringlayout._fence_lock, a._pool.lock, b._recv_lock, b._send_lock:  # type: ignore[union-attr]
+        with _ringlayout._fence_lock, a._core.pool.lock, b._recv_lock, b._send_lock:  # type: ignore[union-attr]
             del x  # the finalizer runs here, in this thread
         assert in_use(a) == 0
 
@@ -815,14 +812,14 @@ async def test_forged_references_are_refused():
     async with a, b, c, d:
         await a.send(np.ones(8192, np.uint8))
         held = await b.receive()
-        assert a._pool is not None and c._pool is not None
+        assert a._core.pool is not None and c._core.pool is not None
         slot = 0
-        gen, status = slot_state(a._pool.seg.buf, slot)
-        good = a._pool.alloc.ref(slot, 8192, (8192,), "|u1", "numpy")
+        gen, status = slot_state(a._core.pool.seg.buf, slot)
+        good = a._core.pool.alloc.ref(slot, 8192, (8192,), "|u1", "numpy")
         assert good.generation == gen
-        cap = a._pool.layout.capacities[slot]
+        cap = a._core.pool.layout.capacities[slot]
         attacks = {
-            "foreign pool": ref_like(good, pool=c._pool.layout.pool_id),
+            "foreign pool": ref_like(good, pool=c._core.pool.layout.pool_id),
             "bad slot": ref_like(good, slot=99),
             "stale generation": ref_like(good, generation=gen + 1),
             "free slot": ref_like(good, slot=1),
@@ -905,14 +902,14 @@ async def test_bogus_release_breaks_only_that_connection():
     async with a, b:
         await a.send(np.ones(10_000))
         held = await b.receive()
-        assert b._peer is not None
-        b._peer.queue.push(3, 0)  # slot 3 was never sent
+        assert b._core.peer is not None
+        b._core.peer.queue.push(3, 0)  # slot 3 was never sent
         with pytest.raises(BrokenResourceError):
             for _ in range(100):
                 await a.send(1)
                 await anyio.sleep(0.001)
-        assert a._pool is not None
-        assert a._pool.alloc.free_by_size() == {64 * KiB: 4, 1 * MiB: 2}  # intact, reclaimed
+        assert a._core.pool is not None
+        assert a._core.pool.alloc.free_by_size() == {64 * KiB: 4, 1 * MiB: 2}  # intact, reclaimed
         del held
 
 
@@ -957,7 +954,7 @@ async def test_release_lane_full_is_retried_at_safe_points():
         got = await b.receive()
         assert in_use(a) == n
         del got
-        assert b._peer is not None and len(b._peer.queue) > 0  # the lane filled up
+        assert b._core.peer is not None and len(b._core.peer.queue) > 0  # the lane filled up
         with anyio.fail_after(5):
             while in_use(a):  # the producer drains and rings; the consumer's wake flushes
                 await anyio.sleep(0.001)
@@ -984,7 +981,7 @@ def test_interpreter_exit_with_live_views_is_clean(tmp_path):
     BufferError, no traceback."""
     script = tmp_path / "exit.py"
     script.write_text(
-        "import numpy as np, threading, ringwire._channel as c, ringwire._slots as s\n"
+        "import numpy as np, threading, ringwire as c\n"
         "a, b = c.pair()\n"
         "out = []\n"
         "t = threading.Thread(target=lambda: out.append(b.connect_sync()))\n"
@@ -1028,7 +1025,7 @@ def run_kill_consumer(backend: str, where: str) -> None:
                 for i in range(3):
                     await ch.send(np.full(4096, i))
                 assert await anyio.to_thread.run_sync(ready.wait, 30)
-                assert ch._pool is not None and ch._pool.alloc.in_use() == 3
+                assert ch._core.pool is not None and ch._core.pool.alloc.in_use() == 3
                 killed: list[float] = []
                 back: list[float] = []
 
@@ -1038,7 +1035,7 @@ def run_kill_consumer(backend: str, where: str) -> None:
                     os.kill(p.pid, signal.SIGKILL)
 
                 async def watch() -> None:
-                    while ch._pool.alloc.in_use():  # type: ignore[union-attr]
+                    while ch._core.pool.alloc.in_use():  # type: ignore[union-attr]
                         await anyio.sleep(0.001)
                     back.append(time.perf_counter())
 

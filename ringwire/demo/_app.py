@@ -23,7 +23,7 @@ import anyio
 import numpy as np
 
 import ringwire
-import runtime
+from ringwire import runtime
 
 _KiB = 1 << 10
 _MiB = 1 << 20
@@ -210,7 +210,7 @@ class Demo:
         self.opts = opts
         self.stats = {f"worker-{i}": WorkerStats(f"worker-{i}") for i in range(opts.workers)}
         self.log: list[str] = []  # events, as lines
-        self._printed = 0
+        self.printed = 0
         self.kill_lines: list[str] = []
         self.draining = False
         self.interrupted: str | None = None
@@ -233,7 +233,7 @@ class Demo:
         self.tensor_means: list[float] = []
         self.torch: Any = None
         # importing torch takes a second or two: do it while the workers start
-        self._prep = threading.Thread(target=self._prepare_tensors, name="demo-prep", daemon=True)
+        self.prep = threading.Thread(target=self._prepare_tensors, name="demo-prep", daemon=True)
 
     def _prepare_tensors(self) -> None:
         import torch
@@ -314,7 +314,7 @@ class Demo:
 
     async def main(self, topo: runtime.Topology) -> None:
         self._topo = topo
-        await anyio.to_thread.run_sync(self._prep.join)
+        await anyio.to_thread.run_sync(self.prep.join)
         if self.torch is None:
             raise RuntimeError("preparing the demo's tensors failed (is torch installed?)")
         self._stopping = anyio.Event()
@@ -560,9 +560,9 @@ class Demo:
             self._print_new_events()
 
     def _print_new_events(self) -> None:
-        while self._printed < len(self.log):
-            print("  " + self.log[self._printed], flush=True)
-            self._printed += 1
+        while self.printed < len(self.log):
+            print("  " + self.log[self.printed], flush=True)
+            self.printed += 1
 
     async def _view_rich(self) -> None:
         from rich.console import Group
@@ -690,13 +690,13 @@ def run(argv: Sequence[str] | None = None) -> int:
     )
     topo = demo.topology()
     rc = 0
-    demo._prep.start()
+    demo.prep.start()
     try:
         topo.run(demo.main)
     except runtime.WorkerStartError as exc:
         print(f"ringwire demo: the workers did not start: {exc}", file=sys.stderr)
         rc = 2
-    for line in demo.log[demo._printed :] if not opts.live else []:
+    for line in demo.log[demo.printed :] if not opts.live else []:
         print("  " + line)
     print()
     print("summary")

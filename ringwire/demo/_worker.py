@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 import ringwire
-import runtime
+from ringwire import runtime
 
 
 def _mean(x: Any) -> float:

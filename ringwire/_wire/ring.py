@@ -94,7 +94,7 @@ A writer facing a full ring does the mirror image with ``writer_parked`` and the
 and the reader rings after publishing a new head.
 
 Everything here is pure arithmetic over a buffer; the sockets, segments and the
-actual waiting are in :mod:`ringwire._channel`.
+actual waiting are in :mod:`ringwire._shm.transport` and :mod:`ringwire._conn`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._errors import EncodeError, RingwireError
+from .._errors import FrameTooLarge, RingCorrupted
 
 __all__ = [
     "HEADER_SIZE",
@@ -151,16 +151,8 @@ _MAGIC_BYTES = b"RWRING" + struct.pack("<H", LAYOUT_VERSION)
 _MAGIC_WORD = struct.unpack("=Q", _MAGIC_BYTES)[0]
 
 
-class RingCorrupted(RingwireError):
-    """The ring's header or a frame in it is inconsistent: the peer is broken or hostile."""
 
 
-class FrameTooLarge(EncodeError):
-    """A record is larger than the ring can carry (at most half its capacity).
-
-    Send large arrays and tensors through tensor slots instead of inline, or open the
-    channel with a larger ``capacity``.
-    """
 
 
 # -- the fence --------------------------------------------------------------------------
@@ -339,7 +331,7 @@ class _Lane:
     _PEER_PARKED: int
     _OWN_CLOSED: int
 
-    def _peer_needs_doorbell(self) -> bool:
+    def peer_needs_doorbell(self) -> bool:
         _acquire()  # fence(), inlined: this runs once per record
         _release()
         seq = self._q[self._PEER_PARKED]
@@ -507,7 +499,7 @@ class RingWriter(_Lane):
     # After publishing: fence, then True if the reader is parked and was not rung for
     # this park yet (the caller then sends one doorbell byte).  An alias, not a wrapper:
     # it runs once per record.
-    reader_needs_doorbell = _Lane._peer_needs_doorbell
+    reader_needs_doorbell = _Lane.peer_needs_doorbell
 
     def reader_wants_doorbell_for_close(self) -> bool:
         """Like :meth:`reader_needs_doorbell` but rings even if this park was rung."""
@@ -661,8 +653,52 @@ class RingReader(_Lane):
 
     # After commit(): fence, then True if the writer is parked waiting for space and was
     # not rung for this park yet.
-    writer_needs_doorbell = _Lane._peer_needs_doorbell
+    writer_needs_doorbell = _Lane.peer_needs_doorbell
 
     def fill(self) -> int:
         """Bytes published and not committed."""
         return self._q[_TAIL] - self._committed
+
+
+class ReleaseLaneWriter(RingWriter):
+    """The release lane's writer, used only by the release sink (under the queue's
+    flush lock).  It fences with a private lock: the sink runs in finalizers, which
+    may interrupt code holding the module-wide ring fence lock."""
+
+    __slots__ = ("_own",)
+
+    def __init__(self, buf: Any, offset: int) -> None:
+        super().__init__(buf, offset)
+        self._own = threading.Lock()
+
+    def _fence(self) -> None:
+        self._own.acquire()
+        self._own.release()
+
+    def put(self, payload: bytes) -> bool:
+        n = len(payload)
+        need = (n + 11) & ~7
+        if self._space_for(need) < 0:
+            return False
+        self._put(payload, n, need)
+        self._fence()  # payload before tail
+        self._q[_TAIL] = self._tail
+        return True
+
+    def ring_wanted(self) -> bool:
+        """After :meth:`put`: is the producer parked on the lane (and not rung yet)?"""
+        self._fence()
+        seq = self._q[_RPARKED]
+        if seq and seq != self._rung:
+            self._rung = seq
+            return True
+        return False
+
+    def park_writer(self) -> None:
+        self._park_seq += 1
+        self._q[_WPARKED] = self._park_seq
+        self._fence()
+
+    def unpark_writer(self) -> None:
+        if self._q[_WPARKED]:
+            self._q[_WPARKED] = 0

@@ -44,8 +44,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._descriptors import SlotRef
-from ._errors import DecodeError, RingwireError
+from .._errors import DecodeError, RingwireError, SlotRefused
+from .descriptors import SlotRef
 
 __all__ = [
     "FREE",
@@ -72,8 +72,6 @@ _ENTRY = struct.Struct("=QQQQ")
 _MAX_SLOTS = 1 << 20
 
 
-class SlotRefused(RingwireError):
-    """A release names a slot or generation this producer did not hand out."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +233,10 @@ class SlotAllocator:
         self._status = [FREE] * layout.nslots
 
     # -- queries --------------------------------------------------------------------------
+
+    def detach(self) -> None:
+        """Drop the reference to the buffer (its segment is being closed)."""
+        self._buf = None
 
     @property
     def largest(self) -> int:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._errors import DecodeError, EncodeError
+from .._errors import DecodeError, EncodeError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -1,5 +1,5 @@
 """The control-socket protocol: handshake messages, a sans-I/O handshake state machine,
-doorbell bytes, and small Unix-socket helpers.
+doorbell bytes, (the Unix-socket helpers are in :mod:`ringwire._shm.sockets`).
 
 Every connection has one Unix stream socket (a listener's accepted socket, or one end
 of a ``socketpair`` for :func:`ringwire.pair`).  It carries, in order:
@@ -27,22 +27,19 @@ of a ``socketpair`` for :func:`ringwire.pair`).  It carries, in order:
 3. **Liveness**: end of file (or ``ECONNRESET``) means the peer is gone.  Whether it
    closed cleanly is told by the closed flags in the ring headers, not by the socket.
 
-This module does no I/O except in the small socket helpers at the end.
+This module does no I/O.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import stat
 import struct
 from typing import Literal, Union
 
 import msgspec
 
-from ._errors import RingwireError
-from ._ringlayout import HEADER_SIZE, MAX_CAPACITY, validate_capacity
-from ._segment import is_segment_name
+from .._errors import HandshakeError
+from .names import is_segment_name
+from .ring import HEADER_SIZE, MAX_CAPACITY, validate_capacity
 
 __all__ = [
     "DOORBELL_BYTES",
@@ -53,21 +50,15 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
     "Handshake",
-    "HandshakeError",
     "Hello",
     "Message",
-    "PeerCredentialsError",
-    "ProtocolError",
     "Ready",
     "Reject",
     "RingSpec",
     "SegmentSpec",
     "Welcome",
-    "bind_unix_socket",
-    "check_peer",
     "decode_message",
     "encode_message",
-    "peer_credentials",
     "validate_hello",
 ]
 
@@ -84,16 +75,10 @@ DOORBELL_BYTES = b"DSC"
 _LEN = struct.Struct(">I")
 
 
-class ProtocolError(RingwireError):
-    """The peer broke the control protocol (garbage on the socket, a bad frame)."""
 
 
-class HandshakeError(ProtocolError):
-    """The connection handshake failed (bad message, version, layout, or refusal)."""
 
 
-class PeerCredentialsError(HandshakeError, PermissionError):
-    """The peer runs as another user: ringwire connects only processes of one uid."""
 
 
 # -- messages -------------------------------------------------------------------------
@@ -303,68 +288,3 @@ class Handshake:
         if self._eof:
             raise self._fail("the peer closed the connection during the handshake")
         return None
-
-
-# -- socket helpers ---------------------------------------------------------------------
-
-_UCRED = struct.Struct("3i")
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return pid, uid, gid
-
-
-def check_peer(sock: socket.socket) -> int:
-    """Refuse a peer with another uid; return its pid."""
-    pid, uid, _ = peer_credentials(sock)
-    if uid != os.geteuid():
-        raise PeerCredentialsError(
-            f"refusing a peer running as uid {uid} (pid {pid}); we are uid {os.geteuid()}"
-        )
-    return pid
-
-
-def bind_unix_socket(path: str, backlog: int = 128) -> socket.socket:
-    """A nonblocking listening Unix socket at ``path``, mode 0600."""
-    path = os.fspath(path)
-    if len(os.fsencode(path)) >= 108:
-        raise ValueError(f"socket path too long for a Unix socket (max 107 bytes): {path!r}")
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        pass
-    else:
-        if stat.S_ISSOCK(st.st_mode):
-            # a leftover from a crashed listener is replaced; a live one is not
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(path)
-            except (ConnectionRefusedError, FileNotFoundError):
-                os.unlink(path)
-            else:
-                raise OSError(f"another listener is live at {path}")
-            finally:
-                probe.close()
-        else:
-            raise FileExistsError(f"{path} exists and is not a socket")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        old = os.umask(0o177)  # the socket file is created 0600, never wider
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
-        try:
-            os.chmod(path, 0o600)
-            sock.listen(backlog)
-            sock.setblocking(False)
-        except BaseException:
-            os.unlink(path)
-            raise
-    except BaseException:
-        sock.close()
-        raise
-    return sock

@@ -52,14 +52,14 @@ class ReleaseQueue:
             raise ValueError("max_batch must be at least 1")
         self._sink = sink
         self._max_batch = max_batch
-        self._pending: deque[tuple[int, int]] = deque()
+        self.pending: deque[tuple[int, int]] = deque()
         self._lock = threading.Lock()
         self._closed = False
         self.pushed = 0
         self.flushed = 0
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self.pending)
 
     @property
     def closed(self) -> bool:
@@ -69,7 +69,7 @@ class ReleaseQueue:
         """Queue one release and try to flush.  Never blocks; safe in finalizers."""
         if self._closed:
             return
-        self._pending.append((slot, generation))
+        self.pending.append((slot, generation))
         self.pushed += 1
         self.flush()
 
@@ -79,7 +79,7 @@ class ReleaseQueue:
         Returns ``True`` when nothing is left pending (or the queue is closed),
         ``False`` when another thread is flushing or the sink refused a batch.
         """
-        while self._pending and not self._closed:
+        while self.pending and not self._closed:
             if not self._lock.acquire(blocking=False):
                 return False  # the holder re-checks after releasing: see the module docstring
             try:
@@ -89,12 +89,12 @@ class ReleaseQueue:
                 limit = self._max_batch or -1
                 while len(batch) != limit:
                     try:
-                        batch.append(self._pending.popleft())
+                        batch.append(self.pending.popleft())
                     except IndexError:
                         break
                 if batch:
                     if not self._sink(batch):
-                        self._pending.extendleft(reversed(batch))
+                        self.pending.extendleft(reversed(batch))
                         return False
                     self.flushed += len(batch)
             finally:
@@ -113,8 +113,8 @@ class ReleaseQueue:
         got = self._lock.acquire(blocking)
         try:
             self._closed = True
-            left = list(self._pending)
-            self._pending.clear()
+            left = list(self.pending)
+            self.pending.clear()
         finally:
             if got:
                 self._lock.release()

@@ -35,6 +35,7 @@ import array
 import math
 import re
 import struct
+import threading
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -42,9 +43,10 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from . import _ext as X
-from ._descriptors import CudaRef, SlotRef, decode_descriptor
-from ._dtypes import (
+from .._errors import DecodeError, EncodeError
+from . import ext as X
+from .descriptors import CudaRef, SlotRef, decode_descriptor
+from .dtypes import (
     MAX_NDIM,
     numpy_dtype_from_wire,
     numpy_dtype_to_wire,
@@ -53,7 +55,6 @@ from ._dtypes import (
     torch_loaded,
     torch_module,
 )
-from ._errors import DecodeError, EncodeError
 
 __all__ = ["Encoder", "Decoder", "encode", "decode"]
 
@@ -156,6 +157,8 @@ class Encoder:
         Called with every numpy array and torch tensor before it is copied inline.
         Return a :class:`SlotRef` / :class:`CudaRef` to send a reference instead
         (the transport's slot pools do this), or ``None`` for the inline Ext 2/3 copy.
+        :meth:`encode` also takes a placer for one call, which overrides this one: a
+        transport passes an object that records what it placed for that record.
     enc_hook:
         Called, as in msgspec, for any other type ringwire does not know; it must
         return something encodable.
@@ -172,6 +175,7 @@ class Encoder:
         enc_hook: Callable[[Any], Any] | None = None,
     ) -> None:
         self._placer = placer
+        self._call = threading.local()  # .placer: the placer of the encode() in progress
         self._user_hook = enc_hook
         self._msg = msgspec.msgpack.Encoder(enc_hook=self._hook)
         self._plans: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
@@ -181,8 +185,14 @@ class Encoder:
 
     # -- public API -----------------------------------------------------------------
 
-    def encode(self, obj: Any) -> bytes:
-        """Return ``obj`` as msgpack bytes."""
+    def encode(self, obj: Any, *, placer: Placer | None = None) -> bytes:
+        """Return ``obj`` as msgpack bytes.
+
+        ``placer``, if given, is called instead of the constructor's for every array
+        and tensor of this one call (thread-safe: each thread's call has its own).
+        Raises :class:`~ringwire.EncodeError`, and whatever the placer raises."""
+        if placer is not None:
+            return self._encode_placing(obj, placer)
         try:
             if type(obj) not in self._atomic:
                 obj = self._lift_any(obj)
@@ -191,6 +201,21 @@ class Encoder:
             raise
         except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
             raise EncodeError(str(exc)) from exc
+
+    def _encode_placing(self, obj: Any, placer: Placer) -> bytes:
+        call = self._call
+        outer = getattr(call, "placer", None)  # an encode() inside a placer (re-entrant)
+        call.placer = placer
+        try:
+            if type(obj) not in self._atomic:
+                obj = self._lift_any(obj)
+            return self._msg.encode(obj)
+        except EncodeError:
+            raise
+        except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
+            raise EncodeError(str(exc)) from exc
+        finally:
+            call.placer = outer
 
     def encode_into(self, obj: Any, buffer: bytearray, offset: int = 0) -> None:
         """Encode ``obj`` into ``buffer`` at ``offset`` (msgspec semantics: the
@@ -232,9 +257,10 @@ class Encoder:
         raise EncodeError(f"values of type {type(obj).__qualname__} cannot be encoded")
 
     def _place(self, obj: Any) -> Ext | None:
-        if self._placer is None:
+        placer = getattr(self._call, "placer", None) or self._placer
+        if placer is None:
             return None
-        ref = self._placer(obj)
+        ref = placer(obj)
         if ref is None:
             return None
         return self._hook(ref)

@@ -10,7 +10,7 @@ once per process.
 
 What is shared with SHM slots
 -----------------------------
-The bookkeeping is the same :class:`~ringwire._slotlayout.SlotAllocator` (slot classes,
+The bookkeeping is the same :class:`~ringwire._wire.slotlayout.SlotAllocator` (slot classes,
 generations, FREE -> LOANED -> SENT -> FREE), kept in a private table on the producer
 side (the GPU block holds only data).  Releases travel on the SHM pool's release lane
 as ordinary ``(slot, generation)`` pairs whose slot number carries the device in its
@@ -76,10 +76,18 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from ._descriptors import CudaRef
-from ._dtypes import torch_dtype_from_wire, torch_dtype_to_wire, torch_loaded, torch_module
-from ._errors import DecodeError
-from ._slotlayout import LOANED, SENT, PoolLayout, SlotAllocator, SlotClass, init_pool, plan_pool
+from .._errors import DecodeError
+from .._wire.descriptors import CudaRef
+from .._wire.dtypes import torch_dtype_from_wire, torch_dtype_to_wire, torch_loaded, torch_module
+from .._wire.slotlayout import (
+    LOANED,
+    SENT,
+    PoolLayout,
+    SlotAllocator,
+    SlotClass,
+    init_pool,
+    plan_pool,
+)
 
 __all__ = [
     "CudaNeed",
@@ -173,10 +181,11 @@ class TorchCudaBackend:
         torch = self.torch
         if len(exported) != 8 or not isinstance(exported[1], bytes):
             raise DecodeError("malformed CUDA pool handle")
-        torch.cuda._lazy_init()
+        # torch's own IPC entry points (what torch.multiprocessing's reductions call)
+        torch.cuda._lazy_init()  # noqa: SLF001
         args = list(exported)
         args[0] = device
-        storage = torch.UntypedStorage._new_shared_cuda(*args)
+        storage = torch.UntypedStorage._new_shared_cuda(*args)  # noqa: SLF001
         if storage.nbytes() < nbytes:
             raise DecodeError(
                 f"CUDA pool handle maps {storage.nbytes()} bytes, the pool needs {nbytes}"
@@ -313,7 +322,7 @@ def drop_idle_pools() -> int:
 
 class CudaSendPool:
     """One device's GPU pool on the producer side.  The owning
-    :class:`~ringwire._slots.SendPool` serialises every call under its lock."""
+    :class:`~ringwire._shm.sendpool.SendPool` serialises every call under its lock."""
 
     def __init__(
         self,
@@ -472,7 +481,7 @@ class ReleaseThread:
     """
 
     def __init__(self, backend: Any, push: Any) -> None:
-        self._backend = backend
+        self.backend = backend
         self._push = push
         self._queue: queue.SimpleQueue[tuple[int, int, Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ringwire-cuda-release", daemon=True)
@@ -488,7 +497,7 @@ class ReleaseThread:
                 return
             tag, generation, event = item
             try:
-                self._backend.synchronize(event)
+                self.backend.synchronize(event)
             except Exception:  # the context is gone (exit): the producer reclaims on EOF
                 continue
             self._push(tag, generation)

@@ -22,57 +22,28 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import re
-import secrets
 import stat
 
 import posix_ipc
 
-from ._errors import RingwireError
+from .._errors import SegmentError, SharedMemoryFull
+from .._wire.names import is_segment_name, name_pid, new_segment_name
 
 __all__ = [
     "SHM_DIR",
     "Segment",
-    "SegmentError",
-    "SharedMemoryFull",
-    "is_segment_name",
-    "name_pid",
     "pid_alive",
-    "new_segment_name",
     "stale_segments",
     "sweep",
     "unlink_segment",
 ]
 
 SHM_DIR = "/dev/shm"
-_NAME_RE = re.compile(r"^/rw\.([1-9][0-9]{0,9})\.[0-9a-f]{12}$")
 _PAGE = mmap.PAGESIZE
 
 
-class SegmentError(RingwireError):
-    """A shared-memory segment cannot be created or attached."""
 
 
-class SharedMemoryFull(SegmentError):
-    """There is not enough room in ``/dev/shm`` for a new segment."""
-
-
-def new_segment_name() -> str:
-    """A fresh ``/rw.<pid>.<12 hex>`` name."""
-    return f"/rw.{os.getpid()}.{secrets.token_hex(6)}"
-
-
-def is_segment_name(name: str) -> bool:
-    """Is ``name`` a ringwire segment name (``/rw.<pid>.<12 hex>``)?"""
-    return isinstance(name, str) and _NAME_RE.match(name) is not None
-
-
-def name_pid(name: str) -> int:
-    """The creator pid embedded in a segment name."""
-    m = _NAME_RE.match(name)
-    if m is None:
-        raise ValueError(f"not a ringwire segment name: {name!r}")
-    return int(m.group(1))
 
 
 def unlink_segment(name: str) -> bool:

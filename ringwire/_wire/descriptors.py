@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ._dtypes import MAX_NDIM, numpy_dtype_from_wire, torch_dtype_from_wire
-from ._errors import DecodeError
+from .._errors import DecodeError
+from .dtypes import MAX_NDIM, numpy_dtype_from_wire, torch_dtype_from_wire
 
 __all__ = ["SlotRef", "CudaRef", "DESCRIPTOR_VERSION", "KIND_NUMPY", "KIND_TORCH"]
 

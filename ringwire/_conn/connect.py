@@ -1,0 +1,99 @@
+"""Connecting to a listener: :func:`connect` (async) and :func:`connect_sync`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import anyio
+
+from .._shm.handshake import client_handshake, drive_async, drive_sync
+from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
+from .._shm.sockets import check_peer
+from .._wire.ring import validate_capacity
+from .async_channel import Channel
+from .endpoint import DEFAULT_SPIN_US, Endpoint
+from .listener import DEFAULT_HANDSHAKE_TIMEOUT
+from .sync_channel import SyncChannel
+
+__all__ = ["DEFAULT_CAPACITY", "connect", "connect_sync"]
+
+DEFAULT_CAPACITY = 1 << 20
+"""Bytes of each ring lane's data area (records up to half of it travel inline)."""
+
+
+def _client_socket(path: str | os.PathLike[str]) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock
+
+
+async def connect(
+    path: str | os.PathLike[str],
+    *,
+    capacity: int = DEFAULT_CAPACITY,
+    type: Any = Any,
+    spin_us: float = DEFAULT_SPIN_US,
+    timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    slots: SlotConfig | None = DEFAULT_SLOTS,
+) -> Channel:
+    """Connect to the :class:`Listener` at ``path``; return the async endpoint.
+
+    ``capacity`` is the data capacity of each ring lane (a power of two).  ``slots``
+    configures this side's tensor-slot send pool (``None``: no pool, every array
+    travels inline).  Raises :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the
+    rings or the pool, :class:`HandshakeError` if the listener refuses,
+    ``TimeoutError`` after ``timeout``.
+    """
+    validate_capacity(capacity)
+    slots = resolve_config(slots)
+    sock = _client_socket(path)
+    try:
+        with anyio.fail_after(timeout):
+            while True:
+                try:
+                    sock.connect(os.fspath(path))
+                    break
+                except (BlockingIOError, InterruptedError):
+                    await anyio.sleep(0.001)  # listener backlog full: retry
+            check_peer(sock)
+            transport = await drive_async(client_handshake(capacity, slots), sock)
+    except BaseException:
+        sock.close()
+        raise
+    return Channel(Endpoint(transport, type=type, spin_us=spin_us, name=os.fspath(path)))
+
+
+def connect_sync(
+    path: str | os.PathLike[str],
+    *,
+    capacity: int = DEFAULT_CAPACITY,
+    type: Any = Any,
+    spin_us: float = DEFAULT_SPIN_US,
+    timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    slots: SlotConfig | None = DEFAULT_SLOTS,
+) -> SyncChannel:
+    """Blocking :func:`connect`: returns a :class:`SyncChannel`."""
+    validate_capacity(capacity)
+    slots = resolve_config(slots)
+    deadline = time.monotonic() + timeout
+    sock = _client_socket(path)
+    try:
+        while True:
+            try:
+                sock.connect(os.fspath(path))
+                break
+            except (BlockingIOError, InterruptedError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cannot connect to {path}: listener busy") from None
+                time.sleep(0.001)
+        check_peer(sock)
+        transport = drive_sync(client_handshake(capacity, slots), sock, deadline)
+    except BaseException:
+        sock.close()
+        raise
+    return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=os.fspath(path)))
+
+

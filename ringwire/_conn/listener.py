@@ -1,0 +1,539 @@
+"""Listeners: many connections accepted at one Unix socket path, and a fair fan-in.
+
+:class:`Listener` (async) runs handshakes in the background and merges every accepted
+connection into one stream of ``(connection, record)``; :class:`SyncListener` accepts
+:class:`~ringwire.SyncChannel` s one at a time.  A failed handshake never disturbs a
+listener; a connection that breaks is dropped from the fan-in alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import os
+import select
+import socket
+import time
+import warnings
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
+
+from .._errors import DecodeError, RingwireError
+from .._shm.handshake import HandshakeGen, drive_async, drive_sync, poll_fd, server_handshake
+from .._shm.segment import pid_alive, sweep
+from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
+from .._shm.sockets import bind_unix_socket, check_peer
+from .._shm.transport import ShmTransport
+from .._wire.ring import MAX_CAPACITY
+from .async_channel import AsyncWaker, Channel
+from .endpoint import DEFAULT_SPIN_US, EMPTY, Endpoint
+from .statistics import ListenerStatistics
+from .sync_channel import SyncChannel
+
+__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "Listener", "SyncListener", "listen"]
+
+logger = logging.getLogger("ringwire")
+
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+_YIELD_EVERY = 32  # the fan-in yields to the event loop at least this often
+
+
+class _Accepted(NamedTuple):
+    """One accepted connection: what users get, and the endpoint the fan-in reads."""
+
+    chan: Channel
+    core: Endpoint
+    waker: AsyncWaker
+
+
+async def _sweep_when_dead(pid: int, patience: float = 2.0) -> None:
+    """Wait (a little) for ``pid`` to be gone, then remove dead creators' segments."""
+    deadline = time.monotonic() + patience
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return  # alive after all: it can unlink its own names
+        await anyio.sleep(0.01)
+    sweep()
+
+
+def _sweep_when_dead_sync(pid: int, patience: float = 0.1) -> None:
+    """Blocking :func:`_sweep_when_dead`, with a short patience: a client whose socket
+    closed because it died is gone within milliseconds (one still alive can unlink its
+    own names)."""
+    deadline = time.monotonic() + patience
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
+    sweep()
+
+
+class _ListenerBase:
+    """What both listeners are configured with, and how they run and refuse handshakes.
+
+    ``type`` decodes records of accepted connections; ``spin_us`` is their spin budget;
+    ``max_capacity`` bounds the rings a client may announce; ``handshake_timeout``
+    bounds one handshake; ``backlog`` is the socket's listen backlog; ``slots`` is the
+    send pool of every accepted connection (see :func:`connect`).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        type: Any = Any,
+        spin_us: float = DEFAULT_SPIN_US,
+        max_capacity: int = MAX_CAPACITY,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        backlog: int = 128,
+        slots: SlotConfig | None = DEFAULT_SLOTS,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._type = type
+        self._slots = resolve_config(slots)
+        self._spin_us = spin_us
+        self._max_capacity = max_capacity
+        self._handshake_timeout = handshake_timeout
+        self._backlog = backlog
+
+    def _handshake_for(self, pid: int) -> HandshakeGen:
+        # a client may announce only segments it made itself (see server_handshake)
+        return server_handshake(pid, self._max_capacity, self._slots, own_names=True)
+
+    def _endpoint(self, transport: ShmTransport) -> Endpoint:
+        return Endpoint(transport, type=self._type, spin_us=self._spin_us, name=self.path)
+
+    def _log_refusal(self, exc: BaseException) -> None:
+        logger.warning("ringwire listener %s refused a connection: %s", self.path, exc)
+
+    def _remove_socket(self, sock: socket.socket) -> None:
+        sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class Listener(_ListenerBase):
+    """Accepts connections at a Unix socket path; many producers, one consumer.
+
+    Use it as an async context manager (it accepts and runs handshakes in the
+    background while open)::
+
+        async with ringwire.listen(path) as listener:
+            async for conn, record in listener:     # fair fan-in over all connections
+                await conn.send(reply)
+
+    :meth:`accept` returns each new connection as well, for per-connection handling.
+    A connection that breaks (crash, bad frame, undecodable record) is closed, logged
+    and dropped from the fan-in; one that ends cleanly is dropped silently.  A failed
+    handshake never disturbs the listener.  Closing the listener closes every
+    connection it accepted and removes the socket file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], **config: Any) -> None:
+        """``config``: see :class:`_ListenerBase` (``type``, ``spin_us``,
+        ``max_capacity``, ``handshake_timeout``, ``backlog``, ``slots``)."""
+        super().__init__(path, **config)
+        self._spin_ns = int(max(0.0, float(self._spin_us)) * 1000)
+        self._sock: socket.socket | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._conns: list[_Accepted] = []  # in fan-in order
+        self._closed = False
+        self._rr = 0
+        self._event: anyio.Event | None = None
+        self._accept_send, self._accept_recv = anyio.create_memory_object_stream[Channel](math.inf)
+        self._accepted = self._refused = self._broken = self._ended = 0
+        self._fast_ops = 0
+
+    def __repr__(self) -> str:
+        return f"<Listener {self.path} {len(self._conns)} connections>"
+
+    @property
+    def connections(self) -> list[Channel]:
+        """The open connections in the fan-in."""
+        return [a.chan for a in self._conns]
+
+    def statistics(self) -> ListenerStatistics:
+        return ListenerStatistics(
+            open_connections=len(self._conns),
+            accepted=self._accepted,
+            refused=self._refused,
+            broken=self._broken,
+            ended=self._ended,
+        )
+
+    async def __aenter__(self) -> Listener:
+        if self._sock is not None or self._closed:
+            raise RuntimeError("a Listener can be entered once")
+        self._sock = bind_unix_socket(self.path, self._backlog)
+        sweep()  # names left by dead processes (a listener killed mid-handshake, say)
+        self._cm = self._running()
+        try:
+            await self._cm.__aenter__()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._cm.__aexit__(*exc)
+
+    @contextlib.asynccontextmanager
+    async def _running(self) -> AsyncIterator[None]:
+        # The background task group lives in a generator-based context manager, so it
+        # is entered and exited by the task that entered the listener, in order,
+        # whatever is being cancelled (trio and anyio require exactly that).
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._accept_loop)
+            try:
+                yield
+            finally:
+                await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop accepting, close every connection, remove the socket file.
+
+        May be called from any task; cleanup is shielded from cancellation, so a
+        cancelled server still leaves no socket file and no open connection behind.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._notify()
+        with anyio.CancelScope(shield=True):
+            for a in list(self._conns):
+                await a.chan.aclose()
+        self._conns.clear()
+        if self._sock is not None:
+            anyio.notify_closing(self._sock)
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+        if self._sock is not None:
+            self._remove_socket(self._sock)
+        self._accept_send.close()
+        # connections accepted but never taken with accept() are closed above
+        self._accept_recv.close()
+
+    # -- background tasks ---------------------------------------------------------------
+
+    async def _accept_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None and self._tg is not None
+        tg = self._tg
+        while True:
+            try:
+                conn_sock, _ = sock.accept()
+            except BlockingIOError:
+                try:
+                    await anyio.wait_readable(sock)
+                except ClosedResourceError:
+                    return
+                continue
+            except OSError as exc:  # EMFILE and friends: back off, keep listening
+                if exc.errno in (errno.EBADF, errno.EINVAL):
+                    return
+                logger.warning("ringwire listener %s: accept failed: %s", self.path, exc)
+                await anyio.sleep(0.1)
+                continue
+            conn_sock.setblocking(False)
+            tg.start_soon(self._handshake, conn_sock)
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        pid: int | None = None
+        try:
+            with anyio.fail_after(self._handshake_timeout):
+                pid = check_peer(sock)
+                transport = await drive_async(self._handshake_for(pid), sock)
+        except Exception as exc:
+            sock.close()
+            self._refused += 1
+            self._log_refusal(exc)
+            if getattr(exc, "before_hello", False) and pid is not None:
+                await _sweep_when_dead(pid)
+            return
+        except BaseException:
+            sock.close()
+            raise
+        core = self._endpoint(transport)
+        waker = AsyncWaker(core)
+        conn = _Accepted(Channel(core, waker), core, waker)
+        if self._closed:
+            await conn.chan.aclose()
+            return
+        self._accepted += 1
+        self._conns.append(conn)
+        self._accept_send.send_nowait(conn.chan)
+        self._notify()
+        await self._watch(conn)
+
+    async def _watch(self, conn: _Accepted) -> None:
+        """Turn this connection's doorbells into fan-in wakeups, until it ends."""
+        core = conn.core
+        try:
+            while not (core.closed or core.eof or core.broken is not None):
+                await conn.waker.wait(core.wake_gen)
+                self._notify()
+        except ClosedResourceError:
+            pass
+        self._notify()
+
+    def _notify(self) -> None:
+        ev = self._event
+        if ev is not None:
+            self._event = None
+            ev.set()
+
+    # -- accept -----------------------------------------------------------------------------
+
+    async def accept(self) -> Channel:
+        """The next new connection (it also takes part in the fan-in :meth:`receive`)."""
+        if self._sock is None:
+            raise RuntimeError("use the Listener as 'async with' before accepting")
+        try:
+            return await self._accept_recv.receive()
+        except (EndOfStream, ClosedResourceError):
+            raise ClosedResourceError from None
+
+    # -- fan-in -----------------------------------------------------------------------------
+
+    def _drop(self, conn: _Accepted, exc: BaseException | None) -> None:
+        if conn in self._conns:
+            self._conns.remove(conn)
+        if exc is None:
+            self._ended += 1
+        else:
+            self._broken += 1
+            logger.warning(
+                "ringwire listener %s dropped the connection from pid %s: %s",
+                self.path,
+                conn.core.peer_pid,
+                exc,
+            )
+        conn.chan.close()
+
+    def _read(self, conn: _Accepted, max_n: int) -> Any:
+        """One record of ``conn`` (``max_n == 0``) or a list of at most ``max_n``;
+        ``EMPTY`` when it has none -- and when it is closed, ended or broken, which
+        drops it from the fan-in."""
+        core = conn.core
+        try:
+            if core.closed:
+                self._drop(conn, None)
+                return EMPTY
+            if max_n:
+                got = core.try_receive_many(core.dec, max_n) or EMPTY
+            else:
+                got = core.try_receive(core.dec)
+            if got is EMPTY:
+                core.check_finished()
+            return got
+        except EndOfStream:
+            self._drop(conn, None)
+        except (BrokenResourceError, DecodeError) as exc:
+            self._drop(conn, exc)
+        return EMPTY
+
+    def _try_fan_in(self) -> tuple[Channel, Any] | None:
+        conns = self._conns
+        n = len(conns)
+        i = 0
+        while i < n:
+            k = (self._rr + i) % n
+            conn = conns[k]
+            obj = self._read(conn, 0)
+            if obj is EMPTY:
+                if n != len(conns):  # a connection went away: rescan
+                    n = len(conns)
+                    continue
+                i += 1
+                continue
+            self._rr = k + 1
+            return conn.chan, obj
+        return None
+
+    def _try_fan_in_many(self, max_n: int) -> list[tuple[Channel, Any]]:
+        """Up to ``max_n`` records, round-robin over the connections in batches (each
+        connection's share of ``max_n``, one ring commit and doorbell check each)."""
+        out: list[tuple[Channel, Any]] = []
+        conns = self._conns
+        n = len(conns)
+        share = max(1, max_n // max(n, 1))
+        i = 0
+        while i < n and len(out) < max_n:
+            conn = conns[(self._rr + i) % n]
+            got = self._read(conn, min(share, max_n - len(out)))
+            if n != len(conns):  # a connection went away: rescan
+                n = len(conns)
+                continue
+            if got is not EMPTY:
+                chan = conn.chan
+                out.extend([(chan, rec) for rec in got])
+            i += 1
+        if n:
+            self._rr = (self._rr + i) % n
+        return out
+
+    def _any_ready(self) -> bool:
+        return any(c.core.receive_ready() for c in self._conns)
+
+    async def receive(self) -> tuple[Channel, Any]:
+        """The next record from any connection, as ``(connection, record)``.
+
+        Fair: connections with data are served round-robin, one record each; records
+        of one connection arrive in order.  Raises ``ClosedResourceError`` once the
+        listener is closed.
+        """
+        while True:
+            if self._closed:
+                raise ClosedResourceError
+            got = self._try_fan_in()
+            if got is not None:
+                await self._maybe_yield()
+                return got
+            await self._wait_any()
+
+    async def receive_many(self, max_n: int = 1024) -> list[tuple[Channel, Any]]:
+        """Wait for at least one record, then return up to ``max_n`` as
+        ``(connection, record)`` pairs: the batched form of :meth:`receive`, for
+        throughput (one ring commit and doorbell check per connection per batch).
+
+        Fair: each connection with data contributes at most its share of ``max_n`` per
+        call, round-robin; records of one connection keep their order.  Raises
+        ``ValueError`` for ``max_n < 1`` and ``ClosedResourceError`` once the listener
+        is closed.
+        """
+        if max_n < 1:
+            raise ValueError("max_n must be at least 1")
+        while True:
+            if self._closed:
+                raise ClosedResourceError
+            got = self._try_fan_in_many(max_n)
+            if got:
+                await self._maybe_yield()
+                return got
+            await self._wait_any()
+
+    async def _wait_any(self) -> None:
+        """Spin, then park every connection, until one may have a record (or a
+        connection arrives or goes); returns early, callers re-check."""
+        if self._spin_ns and self._conns:
+            clock = time.perf_counter_ns
+            deadline = clock() + self._spin_ns
+            while clock() < deadline:
+                if self._any_ready():
+                    return
+        ev = self._event
+        if ev is None:
+            ev = self._event = anyio.Event()
+        parked = [c.core for c in self._conns if not c.core.closed]
+        for core in parked:
+            core.park_rx()
+        try:
+            if self._any_ready():
+                return
+            for core in parked:
+                core.recv_parks += 1
+            await ev.wait()
+        finally:
+            for core in parked:
+                core.unpark_rx()
+
+    async def _maybe_yield(self) -> None:
+        self._fast_ops += 1
+        if self._fast_ops >= _YIELD_EVERY:
+            self._fast_ops = 0
+            await anyio.lowlevel.checkpoint()
+
+    def receive_nowait(self) -> tuple[Channel, Any]:
+        if self._closed:
+            raise ClosedResourceError
+        got = self._try_fan_in()
+        if got is None:
+            raise WouldBlock
+        return got
+
+    def __aiter__(self) -> AsyncIterator[tuple[Channel, Any]]:
+        return self
+
+    async def __anext__(self) -> tuple[Channel, Any]:
+        try:
+            return await self.receive()
+        except ClosedResourceError:
+            raise StopAsyncIteration from None
+
+
+def listen(path: str | os.PathLike[str], **kwargs: Any) -> Listener:
+    """A :class:`Listener` at ``path``; use it as ``async with listen(path) as l:``."""
+    return Listener(path, **kwargs)
+
+
+class SyncListener(_ListenerBase):
+    """A blocking listener: :meth:`accept` returns :class:`SyncChannel` s."""
+
+    def __init__(self, path: str | os.PathLike[str], **config: Any) -> None:
+        """``config``: as :class:`Listener`."""
+        super().__init__(path, **config)
+        self._sock: socket.socket | None = bind_unix_socket(self.path, self._backlog)
+        sweep()  # names left by dead processes (as Listener)
+        self.refused = 0
+
+    def accept(self, timeout: float | None = None) -> SyncChannel:
+        """Wait for the next connection whose handshake succeeds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._sock is None:
+                raise ClosedResourceError
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError("no connection before the timeout")
+            try:
+                conn_sock, _ = self._sock.accept()
+            except BlockingIOError:
+                poll_fd(self._sock.fileno(), select.POLLIN, left)
+                continue
+            conn_sock.setblocking(False)
+            pid: int | None = None
+            try:
+                pid = check_peer(conn_sock)
+                hs_deadline = time.monotonic() + self._handshake_timeout
+                transport = drive_sync(self._handshake_for(pid), conn_sock, hs_deadline)
+            except (RingwireError, OSError) as exc:
+                conn_sock.close()
+                self.refused += 1
+                self._log_refusal(exc)
+                if getattr(exc, "before_hello", False) and pid is not None:
+                    _sweep_when_dead_sync(pid)  # as Listener does: its names are unknown
+                continue
+            except BaseException:
+                conn_sock.close()
+                raise
+            return SyncChannel(self._endpoint(transport))
+
+    def close(self) -> None:
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            self._remove_socket(sock)
+
+    def __enter__(self) -> SyncListener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_sock", None) is not None:
+            warnings.warn(
+                f"unclosed ringwire SyncListener at {self.path}", ResourceWarning, stacklevel=1
+            )
+            self.close()
+
+

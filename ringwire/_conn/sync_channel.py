@@ -1,0 +1,356 @@
+"""The blocking driver: :class:`SyncChannel`, for threads and plain scripts.
+
+Like the async driver it adds only waiting to the
+:class:`~ringwire._conn.endpoint.Endpoint`: fast paths call the endpoint directly,
+and a loop of :mod:`ringwire._conn.waits` runs through :meth:`SyncChannel._run`, which
+performs each wait with a :class:`SyncWaker`: one thread ``poll()`` s the transport's
+descriptor, the others wait on a condition variable.  ``timeout`` arguments become the
+loops' deadlines.  One sender and one receiver run at a time (a lock each); other
+threads wait their turn, within their timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import select
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from anyio import EndOfStream, WouldBlock
+
+from .._errors import NeedSlot
+from .._shm.slotconfig import check_policy, loan_spec
+from . import waits
+from .endpoint import EMPTY, UNSET, Endpoint, ReceiptBase, warn_held
+from .statistics import ChannelStatistics
+
+__all__ = ["SyncChannel", "SyncReceipt", "SyncWaker"]
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _acquire(lock: threading.Lock, deadline: float | None) -> None:
+    if deadline is None:
+        lock.acquire()
+    elif not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        raise TimeoutError("timed out waiting for another thread using this channel")
+
+
+class SyncWaker:
+    """How the threads of one endpoint wait for its wake generation to move."""
+
+    def __init__(self, core: Endpoint) -> None:
+        self.core = core
+        self.cv = threading.Condition(threading.Lock())
+        self._polling = False
+        self._poll = select.poll()
+        self._poll.register(core.transport.fileno(), select.POLLIN)
+
+    def wait(self, gen: int, until: float | None) -> None:
+        """Until a wake-up after generation ``gen``, or ``until`` (then it returns
+        quietly: the loop decides what a timeout means)."""
+        core = self.core
+        cv = self.cv
+        with cv:
+            while (
+                core.wake_gen == gen and not core.eof and not core.closed and core.broken is None
+            ):
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                if self._polling:
+                    cv.wait(left)
+                    continue
+                self._polling = True
+                cv.release()
+                try:
+                    ms = -1 if left is None else max(1, math.ceil(left * 1000))
+                    ready = self._poll.poll(ms)
+                    if ready and not core.closed:
+                        core.drain()
+                finally:
+                    cv.acquire()
+                    self._polling = False
+                    cv.notify_all()
+
+
+class SyncReceipt(ReceiptBase):
+    """What :meth:`SyncChannel.send_tracked` returns: ``receipt.wait(timeout)``."""
+
+    __slots__ = ()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until consumed; ``TimeoutError`` after ``timeout`` seconds."""
+        if self._pairs:
+            self._run(waits.consumed(self._core, self._pairs, _deadline(timeout)))
+
+
+class SyncChannel:
+    """The blocking endpoint of a connection, for threads and plain scripts.
+
+    ``send`` / ``receive`` take ``timeout`` (seconds, ``None`` = forever) and raise
+    :class:`TimeoutError` when it expires.  Thread-safe: one sender and one receiver
+    run at a time, others wait for their turn.  Made by :func:`ringwire.connect_sync`,
+    :meth:`ringwire.PairEnd.connect_sync` and :meth:`ringwire.SyncListener.accept`.
+    """
+
+    def __init__(self, core: Endpoint) -> None:
+        self._core = core
+        self._waker = SyncWaker(core)
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self.peer_pid = core.peer_pid
+        self.protocol_version = core.version
+        self.name = core.name
+
+    def __repr__(self) -> str:
+        label = f" {self.name}" if self.name else ""
+        return f"<SyncChannel{label} peer pid {self.peer_pid} {self._core.state()}>"
+
+    @property
+    def closed(self) -> bool:
+        """Did *we* close this endpoint?"""
+        return self._core.closed
+
+    def fileno(self) -> int:
+        """The transport's descriptor (readable when a doorbell or hang-up is pending)."""
+        return self._core.transport.fileno()
+
+    def statistics(self) -> ChannelStatistics:
+        return self._core.statistics()
+
+    def poll_peer(self) -> bool:
+        """As :meth:`Channel.poll_peer`: notice a peer that just died, without waiting;
+        returns whether the peer is still there."""
+        core = self._core
+        with self._waker.cv:
+            if not core.closed:
+                core.drain()
+        return not (core.eof or core.broken is not None)
+
+    def _run(self, loop: waits.Loop[Any]) -> Any:
+        """Run a waiting loop: perform each wait it asks for; its result is ours."""
+        wait = self._waker.wait
+        try:
+            w = next(loop)
+            while True:
+                wait(w.gen, w.until)
+                w = loop.send(None)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            loop.close()
+
+    # -- send -------------------------------------------------------------------------
+
+    def send(
+        self, item: Any, timeout: float | None = None, *, slot_policy: str | None = None
+    ) -> None:
+        """Send one record, waiting up to ``timeout`` seconds for room in the ring (and,
+        policy "wait", for a free tensor slot).  Raises ``TimeoutError``, and what
+        :meth:`Channel.send` raises."""
+        core = self._core
+        pool = core.pool
+        if pool is None:
+            payload = core.encode(item)  # outside the lock; placing needs it held
+        lock = self._send_lock
+        deadline = None
+        if not lock.acquire(False):
+            deadline = _deadline(timeout)
+            _acquire(lock, deadline)
+        try:
+            if pool is not None:
+                # a record in which nothing was placed is sent like one without a pool
+                core.slot_safe_point()
+                try:
+                    payload, placed = core.encode_placed(item, slot_policy)
+                except NeedSlot:  # wait for a slot, encode again, publish
+                    loop = waits.send_placed(core, item, slot_policy, deadline or _deadline(timeout))
+                    self._run(loop)
+                    return
+                if placed:
+                    deadline = deadline or _deadline(timeout)
+                    self._run(waits.publish_placed(core, payload, placed, deadline))
+                    return
+            if core.try_send(payload):
+                return
+            if deadline is None:
+                deadline = _deadline(timeout)
+            self._run(waits.room(core, payload, deadline))
+        finally:
+            lock.release()
+
+    def send_tracked(
+        self, item: Any, timeout: float | None = None, *, slot_policy: str | None = None
+    ) -> SyncReceipt:
+        """:meth:`send`, returning a :class:`SyncReceipt` that completes once the peer
+        has released every slot the record used."""
+        core = self._core
+        if core.pool is None:
+            self.send(item, timeout)
+            return SyncReceipt(core, (), self._run)
+        deadline = _deadline(timeout)
+        _acquire(self._send_lock, deadline)
+        try:
+            placed = self._run(waits.send_placed(core, item, slot_policy, deadline))
+        finally:
+            self._send_lock.release()
+        return SyncReceipt(core, [(slot, gen) for slot, gen, _ in placed], self._run)
+
+    def loan(
+        self,
+        shape: Sequence[int],
+        dtype: Any,
+        *,
+        timeout: float | None = None,
+        device: Any = None,
+        slot_policy: str | None = None,
+    ) -> Any:
+        """Blocking :meth:`Channel.loan` (waits up to ``timeout`` seconds for a slot)."""
+        core = self._core
+        pool = core.require_pool()
+        spec = loan_spec(shape, dtype, device)
+        policy = check_policy(slot_policy) or pool.config.policy
+        arr = core.loan_now(pool, spec, policy)
+        if arr is not None:
+            return arr
+        return self._run(waits.loan(core, spec, policy, _deadline(timeout)))
+
+    def send_nowait(self, item: Any, *, slot_policy: str | None = None) -> None:
+        """As :meth:`Channel.send_nowait` (``WouldBlock`` when it would wait)."""
+        with self._send_lock:
+            if not self._core.send_nowait(item, slot_policy):
+                raise WouldBlock
+
+    def send_many(
+        self,
+        items: Iterable[Any],
+        timeout: float | None = None,
+        *,
+        slot_policy: str | None = None,
+    ) -> None:
+        """Send several records, publishing as many as fit at once.  On timeout a
+        prefix of them has been sent.  (As :meth:`Channel.send_many` for slots.)"""
+        core = self._core
+        if core.pool is not None:
+            items = list(items)
+            deadline = _deadline(timeout)
+            _acquire(self._send_lock, deadline)
+            try:
+                self._run(waits.send_many_placed(core, items, slot_policy, deadline))
+            finally:
+                self._send_lock.release()
+            return
+        payloads = core.encode_many(items)
+        deadline = _deadline(timeout)
+        _acquire(self._send_lock, deadline)
+        try:
+            self._run(waits.room_many(core, payloads, None, deadline))
+        finally:
+            self._send_lock.release()
+
+    def send_eof(self) -> None:
+        """As :meth:`Channel.send_eof`."""
+        with self._send_lock:
+            self._core.send_eof()
+
+    # -- receive ----------------------------------------------------------------------
+
+    def receive(self, timeout: float | None = None, *, type: Any = UNSET) -> Any:
+        """Receive one record, waiting up to ``timeout`` seconds.
+
+        Raises ``EndOfStream`` after the peer closed (and everything was received),
+        ``BrokenResourceError`` if it died, ``TimeoutError`` on timeout, and what
+        :meth:`Channel.receive` raises."""
+        core = self._core
+        dec = core.dec if type is UNSET else core.decoder_for(type)
+        lock = self._recv_lock
+        deadline = None
+        if not lock.acquire(False):
+            deadline = _deadline(timeout)
+            _acquire(lock, deadline)
+        try:
+            obj = core.try_receive(dec)
+            if obj is not EMPTY:
+                return obj
+            # the hot path: a peer that answers within the spin budget costs no loop
+            if core.spin(core.receive_ready):
+                obj = core.try_receive(dec)
+                if obj is not EMPTY:
+                    return obj
+            if deadline is None:
+                deadline = _deadline(timeout)
+            return self._run(waits.receive(core, dec, deadline))
+        finally:
+            lock.release()
+
+    def receive_nowait(self, *, type: Any = UNSET) -> Any:
+        """One record, or :class:`anyio.WouldBlock` if none is published yet."""
+        core = self._core
+        with self._recv_lock:
+            return core.receive_nowait(core.decoder_for(type))
+
+    def receive_many(
+        self, max_n: int = 1024, timeout: float | None = None, *, type: Any = UNSET
+    ) -> list[Any]:
+        """Wait for at least one record, then return every published one (up to ``max_n``)."""
+        if max_n < 1:
+            raise ValueError("max_n must be at least 1")
+        core = self._core
+        dec = core.decoder_for(type)
+        deadline = _deadline(timeout)
+        _acquire(self._recv_lock, deadline)
+        try:
+            out = core.try_receive_many(dec, max_n)
+            if out:
+                return out
+            result: list[Any] = self._run(waits.receive_many(core, dec, max_n, deadline))
+            return result
+        finally:
+            self._recv_lock.release()
+
+    def receive_many_nowait(self, max_n: int = 1024, *, type: Any = UNSET) -> list[Any]:
+        """Every published record (up to ``max_n``); ``WouldBlock`` if there is none."""
+        core = self._core
+        with self._recv_lock:
+            return core.receive_many_nowait(core.decoder_for(type), max_n)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            try:
+                yield self.receive()
+            except EndOfStream:
+                return
+
+    # -- closing ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close: the peer receives what was sent, then ``EndOfStream``.  Threads
+        blocked on this endpoint get ``ClosedResourceError``."""
+        core = self._core
+        cv = self._waker.cv
+        with cv:
+            if not core.mark_closed():
+                return
+        core.transport.shutdown()  # wakes a thread blocked in poll
+        with cv:
+            cv.notify_all()
+        with self._send_lock, self._recv_lock:
+            held = core.release()
+        if held:
+            warn_held(self, held)
+
+    def __enter__(self) -> SyncChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        core = getattr(self, "_core", None)
+        if core is not None:
+            core.abandon(self)

@@ -1,0 +1,335 @@
+"""The shared-memory transport's handshake: one generator per role, two drivers.
+
+The protocol (messages, order, the sans-I/O state machine) is
+:mod:`ringwire._wire.control`.  Here each role is a generator that creates, attaches,
+checks and unlinks segments and yields what to do on the control socket --
+``("send", bytes)``, ``("send_best_effort", bytes)`` (a Reject) or ``("recv", None)``,
+answered with the bytes received (``b""`` at end of file) -- and returns a
+:class:`HandshakeResult`.  :func:`drive_async` and :func:`drive_sync` perform those
+steps on a non-blocking socket and return the :class:`~ringwire._shm.transport.ShmTransport`.
+Whatever goes wrong, a failed handshake leaves no segment and no name behind.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import socket
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
+from .._wire.control import (
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Handshake,
+    Hello,
+    Ready,
+    Reject,
+    RingSpec,
+    SegmentSpec,
+    Welcome,
+    choose_version,
+    validate_hello,
+)
+from .._wire.names import name_pid
+from .._wire.ring import check_ring, init_ring, ring_size
+from .._wire.slotlayout import PoolLayout
+from .segment import Segment, unlink_segment
+from .slotconfig import SlotConfig, attach_pool, create_pool
+from .transport import ShmTransport
+
+__all__ = [
+    "HandshakeGen",
+    "HandshakeResult",
+    "client_handshake",
+    "drive_async",
+    "drive_sync",
+    "poll_fd",
+    "server_handshake",
+]
+
+
+# A handshake generator yields ("send", bytes), ("send_best_effort", bytes) or
+# ("recv", None); the driver answers a "recv" with the bytes received (b"" at EOF).
+
+
+@dataclass
+class HandshakeResult:
+    segments: list[Segment]
+    tx: tuple[int, int]
+    rx: tuple[int, int]
+    peer_pid: int
+    own_pool: tuple[Segment, PoolLayout, SlotConfig] | None
+    peer_pool: tuple[Segment, PoolLayout] | None
+
+
+_Step = tuple[str, bytes | None]
+HandshakeGen = Generator[_Step, bytes | None, HandshakeResult]
+
+
+def _recv_message(hs: Handshake) -> Generator[_Step, bytes | None, Any]:
+    while True:
+        msg = hs.next_message()
+        if msg is not None:
+            return msg
+        data = yield ("recv", None)
+        hs.receive_data(data or b"")
+
+
+def _attach_peer_pool(specs: Sequence[SegmentSpec]) -> tuple[Segment, PoolLayout] | None:
+    """Attach and check the peer's send pool (the one segment of role "slots")."""
+    pools = [spec for spec in specs if spec.role == "slots"]
+    if not pools:
+        return None
+    if len(pools) > 1:
+        raise HandshakeError("the peer announced more than one slot pool")
+    spec = pools[0]
+    if not 0 < spec.size <= 1 << 40:
+        raise HandshakeError(f"bad slot pool size {spec.size!r}")
+    try:
+        seg = Segment.attach(spec.name, spec.size)
+    except SegmentError as exc:
+        raise HandshakeError(f"cannot attach the peer's slot pool: {exc}") from None
+    try:
+        layout = attach_pool(seg)
+    except RingwireError as exc:
+        seg.close()
+        raise HandshakeError(f"the peer's slot pool is malformed: {exc}") from None
+    return seg, layout
+
+
+def client_handshake(capacity: int, slots: SlotConfig | None = None) -> HandshakeGen:
+    lane = ring_size(capacity)
+    seg = Segment.create(2 * lane)
+    own: tuple[Segment, PoolLayout, SlotConfig] | None = None
+    peer: tuple[Segment, PoolLayout] | None = None
+    try:
+        init_ring(seg.buf, 0, capacity)
+        init_ring(seg.buf, lane, capacity)
+        specs = [SegmentSpec(seg.name, seg.size, "rings")]
+        if slots is not None:
+            pseg, layout = create_pool(slots)
+            own = (pseg, layout, slots)
+            specs.append(SegmentSpec(pseg.name, pseg.size, "slots"))
+        hs = Handshake("client")
+        hello = Hello(
+            versions=list(SUPPORTED_VERSIONS),
+            pid=os.getpid(),
+            segments=specs,
+            c2s=RingSpec(0, 0, capacity),
+            s2c=RingSpec(0, lane, capacity),
+        )
+        yield ("send", hs.send(hello))
+        welcome = yield from _recv_message(hs)
+        assert isinstance(welcome, Welcome)
+        if welcome.version not in SUPPORTED_VERSIONS:
+            raise HandshakeError(f"the listener chose unsupported version {welcome.version}")
+        seg.unlink()  # the server has attached: the names can go
+        if own is not None:
+            own[0].unlink()
+        peer = _attach_peer_pool(welcome.segments)  # other roles: not ours to use
+        if peer is not None:  # attached: its name can go now (the server may die before Ready)
+            unlink_segment(peer[0].name)
+        yield ("send", hs.send(Ready()))
+        return HandshakeResult([seg], (0, 0), (0, lane), welcome.pid, own, peer)
+    except BaseException:
+        seg.unlink()
+        seg.close()
+        if own is not None:
+            own[0].unlink()
+            own[0].close()
+        if peer is not None:
+            peer[0].close()  # the server unlinks its own names
+        raise
+
+
+def server_handshake(
+    cred_pid: int, max_capacity: int, slots: SlotConfig | None = None, *, own_names: bool = False
+) -> HandshakeGen:
+    """The accepting side.  ``cred_pid`` is the peer's pid from SO_PEERCRED (for a
+    socketpair, the pid of the process that made the pair).  ``own_names`` (a
+    listener): every segment the client announces must carry the client's own pid, so
+    a client cannot point the server at another process's segments (whose names are
+    visible in ``/dev/shm`` while that process's handshake is in flight)."""
+    hs = Handshake("server")
+    try:
+        hello = yield from _recv_message(hs)
+    except HandshakeError as exc:
+        # a client that died before its Hello may leave a segment nobody can name;
+        # the listener sweeps once that pid is gone
+        exc.before_hello = True  # type: ignore[attr-defined]
+        raise
+    assert isinstance(hello, Hello)
+    attached: list[Segment] = []
+    own: tuple[Segment, PoolLayout, SlotConfig] | None = None
+    peer: tuple[Segment, PoolLayout] | None = None
+    ok = False
+    try:
+        try:
+            version = choose_version(hello.versions)
+            validate_hello(hello, max_capacity=max_capacity)
+            if own_names:
+                for spec in hello.segments:
+                    if name_pid(spec.name) != cred_pid:
+                        raise HandshakeError(
+                            f"segment {spec.name} was not made by the connecting process "
+                            f"(pid {cred_pid})"
+                        )
+            pools = [i for i, spec in enumerate(hello.segments) if spec.role == "slots"]
+            if len(pools) > 1:
+                raise HandshakeError("the client announced more than one slot pool")
+            if pools and pools[0] in (hello.c2s.segment, hello.s2c.segment):
+                raise HandshakeError("a ring lies in the slot pool segment")
+            for spec in hello.segments:
+                attached.append(Segment.attach(spec.name, spec.size))
+            for ring in (hello.c2s, hello.s2c):
+                check_ring(attached[ring.segment].buf, ring.offset, ring.capacity)
+            if pools:
+                try:
+                    peer = (attached[pools[0]], attach_pool(attached[pools[0]]))
+                except RingwireError as exc:
+                    raise HandshakeError(f"malformed slot pool: {exc}") from None
+            if slots is not None:
+                pseg, layout = create_pool(slots)
+                own = (pseg, layout, slots)
+        except (HandshakeError, SegmentError, RingCorrupted) as exc:
+            yield ("send_best_effort", hs.send(Reject(str(exc))))
+            raise HandshakeError(f"client pid {hello.pid}: {exc}") from None
+        specs = [] if own is None else [SegmentSpec(own[0].name, own[0].size, "slots")]
+        yield ("send", hs.send(Welcome(version=version, pid=os.getpid(), segments=specs)))
+        yield from _recv_message(hs)  # Ready: the client attached our pool
+        if own is not None:
+            own[0].unlink()
+        ok = True
+        rings = [seg for i, seg in enumerate(attached) if not (peer and seg is peer[0])]
+        index = {id(seg): i for i, seg in enumerate(rings)}
+        return HandshakeResult(
+            rings,
+            (index[id(attached[hello.s2c.segment])], hello.s2c.offset),
+            (index[id(attached[hello.c2s.segment])], hello.c2s.offset),
+            hello.pid,
+            own,
+            peer,
+        )
+    finally:
+        if not ok:
+            for seg in attached:
+                seg.close()
+            if own is not None:
+                own[0].unlink()
+                own[0].close()
+            # a client that died mid-handshake cannot unlink its names any more
+            for spec in hello.segments:
+                try:
+                    if name_pid(spec.name) in (hello.pid, cred_pid):
+                        unlink_segment(spec.name)
+                except ValueError:
+                    pass
+
+
+def _finish(stop: StopIteration, sock: socket.socket) -> ShmTransport:
+    r: HandshakeResult = stop.value
+    return ShmTransport(
+        sock, r.segments, r.tx, r.rx, r.peer_pid, PROTOCOL_VERSION, r.own_pool, r.peer_pool
+    )
+
+
+async def _send_all_async(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = sock.send(view)
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
+            continue
+        view = view[n:]
+
+
+async def drive_async(gen: HandshakeGen, sock: socket.socket) -> ShmTransport:
+    try:
+        step = next(gen)
+        while True:
+            kind, data = step
+            answer: bytes | None = None
+            if kind == "recv":
+                while True:
+                    try:
+                        answer = sock.recv(65536)
+                        break
+                    except BlockingIOError:
+                        await anyio.wait_readable(sock)
+                    except (ConnectionResetError, BrokenPipeError):
+                        answer = b""
+                        break
+            else:
+                assert data is not None
+                try:
+                    await _send_all_async(sock, data)
+                except OSError:
+                    if kind == "send":
+                        raise HandshakeError(
+                            "the peer closed the connection during the handshake"
+                        ) from None
+            step = gen.send(answer)
+    except StopIteration as stop:
+        return _finish(stop, sock)
+    finally:
+        gen.close()
+
+
+def poll_fd(fd: int, events: int, timeout: float | None) -> bool:
+    p = select.poll()
+    p.register(fd, events)
+    ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+    return bool(p.poll(ms))
+
+
+def drive_sync(gen: HandshakeGen, sock: socket.socket, deadline: float) -> ShmTransport:
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the ringwire handshake timed out")
+        return left
+
+    try:
+        step = next(gen)
+        while True:
+            kind, data = step
+            answer: bytes | None = None
+            if kind == "recv":
+                while True:
+                    try:
+                        answer = sock.recv(65536)
+                        break
+                    except BlockingIOError:
+                        poll_fd(sock.fileno(), select.POLLIN, remaining())
+                    except (ConnectionResetError, BrokenPipeError):
+                        answer = b""
+                        break
+            else:
+                assert data is not None
+                view = memoryview(data)
+                try:
+                    while view:
+                        try:
+                            view = view[sock.send(view) :]
+                        except BlockingIOError:
+                            poll_fd(sock.fileno(), select.POLLOUT, remaining())
+                except OSError:
+                    if kind == "send":
+                        raise HandshakeError(
+                            "the peer closed the connection during the handshake"
+                        ) from None
+            step = gen.send(answer)
+    except StopIteration as stop:
+        return _finish(stop, sock)
+    finally:
+        gen.close()
+
+

@@ -1,0 +1,79 @@
+"""Unix-socket helpers of the shared-memory transport: peer credentials, listening.
+
+Every connection's control socket is a Unix stream socket (mode 0600); the kernel
+tells each side who the other is (``SO_PEERCRED``), so a peer running as another user
+is refused before a byte of the handshake is read.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+
+from .._errors import PeerCredentialsError
+
+__all__ = ["bind_unix_socket", "check_peer", "peer_credentials"]
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def check_peer(sock: socket.socket) -> int:
+    """Refuse a peer with another uid; return its pid."""
+    pid, uid, _ = peer_credentials(sock)
+    if uid != os.geteuid():
+        raise PeerCredentialsError(
+            f"refusing a peer running as uid {uid} (pid {pid}); we are uid {os.geteuid()}"
+        )
+    return pid
+
+
+def bind_unix_socket(path: str, backlog: int = 128) -> socket.socket:
+    """A nonblocking listening Unix socket at ``path``, mode 0600."""
+    path = os.fspath(path)
+    if len(os.fsencode(path)) >= 108:
+        raise ValueError(f"socket path too long for a Unix socket (max 107 bytes): {path!r}")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISSOCK(st.st_mode):
+            # a leftover from a crashed listener is replaced; a live one is not
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(path)
+            else:
+                raise OSError(f"another listener is live at {path}")
+            finally:
+                probe.close()
+        else:
+            raise FileExistsError(f"{path} exists and is not a socket")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)  # the socket file is created 0600, never wider
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        try:
+            os.chmod(path, 0o600)
+            sock.listen(backlog)
+            sock.setblocking(False)
+        except BaseException:
+            os.unlink(path)
+            raise
+    except BaseException:
+        sock.close()
+        raise
+    return sock
