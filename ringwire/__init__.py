@@ -1,6 +1,31 @@
 """ringwire: typed msgpack records and zero-copy tensors over shared-memory rings.
 
 The public API is what ``__all__`` lists; every ``ringwire._*`` module is private.
+
+How the package is built (imports point one way: down)::
+
+    ringwire/__init__.py   the public names, re-exported from below
+    ringwire/runtime/      worker processes and their channels (the repository's runtime/)
+    ringwire/demo/         python -m ringwire.demo;  ringwire/_cli.py: python -m ringwire
+    ringwire/_conn/        one endpoint core and the drivers around it:
+        transport.py       the seam: what a transport does and guarantees (read first)
+        endpoint.py        the endpoint core: state, every operation that does not wait
+        waits.py           every waiting loop, written once, as generators
+        async_channel.py   Channel: the anyio driver (asyncio, trio, uvloop)
+        sync_channel.py    SyncChannel: the blocking driver (threads, scripts)
+        listener.py, connect.py, pair.py   how connections are made
+        memory.py          an in-memory transport (tests drive the core with it)
+    ringwire/_shm/         the shared-memory transport: segments, Unix sockets, the
+                           handshake, slot pools (send / receive / views), CUDA pools
+    ringwire/_wire/        the wire format, pure (no I/O; testable on a bytearray): codec,
+                           Ext table, records, dtypes, descriptors, ring and slot layout,
+                           control messages and the handshake state machine, release queue
+    ringwire/_errors.py    every exception class
+
+Why this cut: what a byte on the wire means (``_wire``) changes only with the protocol
+version; how bytes move between processes (``_shm``, later TCP) is a transport behind
+one seam; what an endpoint does with them (``_conn``) is written once for every
+transport and both drivers.  A new transport is a new ``_<name>/`` beside ``_shm``.
 """
 
 from __future__ import annotations

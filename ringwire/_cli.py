@@ -46,27 +46,21 @@ from typing import Any, TextIO
 
 from ._shm.segment import SHM_DIR, pid_alive, stale_segments, sweep
 from ._wire.names import is_segment_name, name_pid
-from ._wire.ring import (
-    _CAPACITY,
-    _HEAD,
-    _RCLOSED,
-    _RPARKED,
-    _TAIL,
-    _WCLOSED,
-    _WPARKED,
-    HEADER_SIZE,
-    validate_capacity,
+from ._wire.ring import HEADER_SIZE, HEADER_WORDS, RING_MAGIC, validate_capacity
+from ._wire.slotlayout import (
+    FREE,
+    LOANED,
+    MAX_SLOTS,
+    POOL_ENTRY,
+    POOL_HEADER,
+    POOL_MAGIC,
+    POOL_TABLE_OFFSET,
+    SENT,
 )
-from ._wire.slotlayout import _ENTRY as _POOL_ENTRY
-from ._wire.slotlayout import _HEADER as _POOL_HEADER
-from ._wire.slotlayout import _MAX_SLOTS, FREE, LOANED, SENT
-from ._wire.slotlayout import _TABLE_OFFSET as _POOL_TABLE
 
 __all__ = ["main", "scan"]
 
 PROC = "/proc"
-_RING_MAGIC = b"RWRING"
-_POOL_MAGIC = b"RWPOOL"
 _MAPS_LINE = re.compile(
     r"^(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+) \S+ (?P<offset>[0-9a-f]+) "
     r"(?P<dev>\S+) (?P<inode>\d+)\s+(?P<path>.*)$"
@@ -204,19 +198,19 @@ def _read_exact(read: Reader, off: int, n: int) -> bytes:
 
 def _lane(read: Reader, off: int) -> dict[str, Any]:
     words = struct.unpack("=64Q", _read_exact(read, off, HEADER_SIZE))
-    if struct.pack("=Q", words[0])[:6] != _RING_MAGIC:
+    if struct.pack("=Q", words[0])[:6] != RING_MAGIC:
         raise ValueError(f"no ring header at offset {off}")
-    capacity = validate_capacity(words[_CAPACITY])
-    tail, head = words[_TAIL], words[_HEAD]
+    capacity = validate_capacity(words[HEADER_WORDS["capacity"]])
+    tail, head = words[HEADER_WORDS["tail"]], words[HEADER_WORDS["head"]]
     return {
         "capacity": capacity,
         "fill": tail - head if head <= tail <= head + capacity else None,
         "tail": tail,
         "head": head,
-        "reader_parked": words[_RPARKED] != 0,
-        "writer_parked": words[_WPARKED] != 0,
-        "writer_closed": words[_WCLOSED] != 0,
-        "reader_closed": words[_RCLOSED] != 0,
+        **{
+            flag: words[HEADER_WORDS[flag]] != 0
+            for flag in ("reader_parked", "writer_parked", "writer_closed", "reader_closed")
+        },
     }
 
 
@@ -226,19 +220,19 @@ def _read_rings(read: Reader) -> list[dict[str, Any]]:
 
 
 def _read_pool(read: Reader, size: int) -> dict[str, Any]:
-    magic, pool_id, nslots, data_offset, data_size = _POOL_HEADER.unpack(
-        _read_exact(read, 0, _POOL_HEADER.size)
+    magic, pool_id, nslots, data_offset, data_size = POOL_HEADER.unpack(
+        _read_exact(read, 0, POOL_HEADER.size)
     )
-    if magic[:6] != _POOL_MAGIC:
+    if magic[:6] != POOL_MAGIC:
         raise ValueError("bad slot pool magic")
-    if not 0 < nslots <= _MAX_SLOTS:
+    if not 0 < nslots <= MAX_SLOTS:
         raise ValueError(f"slot pool claims {nslots} slots")
-    table = _read_exact(read, _POOL_TABLE, nslots * _POOL_ENTRY.size)
+    table = _read_exact(read, POOL_TABLE_OFFSET, nslots * POOL_ENTRY.size)
     by_size: dict[int, dict[str, int]] = {}
     counts = {"free": 0, "loaned": 0, "sent": 0}
     bytes_in_use = 0
     names = {FREE: "free", LOANED: "loaned", SENT: "sent"}
-    for _, cap, state, _ in _POOL_ENTRY.iter_unpack(table):
+    for _, cap, state, _ in POOL_ENTRY.iter_unpack(table):
         status = names.get(state & 3, "sent")
         row = by_size.setdefault(cap, {"size": cap, "count": 0, "free": 0, "loaned": 0, "sent": 0})
         row["count"] += 1
@@ -265,7 +259,7 @@ def _read_pool(read: Reader, size: int) -> dict[str, Any]:
 
 def _kind_of(read: Reader) -> str:
     magic = read(0, 8)[:6]
-    return {_RING_MAGIC: "rings", _POOL_MAGIC: "slots"}.get(magic, "unknown")
+    return {RING_MAGIC: "rings", POOL_MAGIC: "slots"}.get(magic, "unknown")
 
 
 @dataclass

@@ -1,0 +1,9 @@
+"""The wire format, with no I/O: everything here is testable on a ``bytearray``.
+
+``codec`` (Encoder / Decoder) and ``ext`` (the Ext table), ``record`` (the Record
+base), ``dtypes`` (the dtype allow-lists), ``descriptors`` (Ext 4 / 5 references),
+``ring`` (SPSC ring lanes over any buffer: frames, fences, the eventcount),
+``slotlayout`` (slot pools over any buffer: states, generations), ``control`` (the
+control socket's messages and the sans-I/O handshake state machine, doorbell bytes),
+``names`` (segment names), ``release`` (the finalizer-safe release queue).
+"""

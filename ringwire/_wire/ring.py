@@ -146,8 +146,22 @@ _WCLOSED = 40
 _RCLOSED = 48
 RCLOSED = _RCLOSED  # index of the reader-closed flag in ``_Lane.header``
 WCLOSED = _WCLOSED  # index of the writer-closed flag in ``_Lane.header``
+RING_MAGIC = b"RWRING"  # the first six bytes of every ring header
 
-_MAGIC_BYTES = b"RWRING" + struct.pack("<H", LAYOUT_VERSION)
+HEADER_WORDS = {
+    "magic": _MAGIC,
+    "capacity": _CAPACITY,
+    "tail": _TAIL,
+    "head": _HEAD,
+    "reader_parked": _RPARKED,
+    "writer_parked": _WPARKED,
+    "writer_closed": _WCLOSED,
+    "reader_closed": _RCLOSED,
+}
+"""The ring header as a table (the drawing above): field -> index of its native u64
+word.  For tools that read a header from outside, like ``python -m ringwire inspect``."""
+
+_MAGIC_BYTES = RING_MAGIC + struct.pack("<H", LAYOUT_VERSION)
 _MAGIC_WORD = struct.unpack("=Q", _MAGIC_BYTES)[0]
 
 

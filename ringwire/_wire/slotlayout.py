@@ -71,6 +71,15 @@ _TABLE_OFFSET = 64
 _ENTRY = struct.Struct("=QQQQ")
 _MAX_SLOTS = 1 << 20
 
+# The pool layout as tables, for tools that read a pool from outside (python -m
+# ringwire inspect): the header struct, where the slot table starts, one entry's
+# struct, the most slots a pool has, the magic's first six bytes.
+POOL_HEADER = _HEADER
+POOL_TABLE_OFFSET = _TABLE_OFFSET
+POOL_ENTRY = _ENTRY
+MAX_SLOTS = _MAX_SLOTS
+POOL_MAGIC = _MAGIC[:6]
+
 
 
 
