@@ -7,16 +7,16 @@ the consumer (a ``spawn`` child), waits until it listens, spawns the k producers
 producer to send ``n / k``.  The time runs from just before the producers are told
 until the consumer reports that it has received and decoded all ``n``.
 
-All children use the control-pipe protocol of :mod:`perf._peers` (``ready`` /
+All children use the control-pipe protocol of :mod:`perf.peers` (``ready`` /
 ``round`` / ``done`` / exit) and block on their pipe between rounds, so the peers of
 the table can be interleaved round-robin like every other table.
 
-Transports (all msgspec-encoded :class:`perf._peers.Req` records, decoded by the
+Transports (all msgspec-encoded :class:`perf.peers.Req` records, decoded by the
 consumer):
 
 * ``multiprocessing.Queue`` -- ``put`` of encoded bytes / ``get`` (no batch API);
 * faster-fifo -- msgspec as ``dumps``/``loads``; ``put``/``get`` and
-  ``put_many``/``get_many`` (batches of :data:`perf._peers.BATCH`);
+  ``put_many``/``get_many`` (batches of :data:`perf.peers.BATCH`);
 * pyzmq -- ``ipc://`` PUSH (each producer connects) / PULL (the consumer binds);
   one frame per record, or ``send_multipart`` of a batch (one frame per record);
 * ringwire -- the consumer is an async :func:`ringwire.listen` listener (the fan-in
@@ -38,8 +38,8 @@ import contextlib
 import time
 from typing import Any
 
-from perf import _peers as P
-from perf._peers import BATCH, CHILD_WAIT_S, ENC, SETUP_TIMEOUT_S, Peer, PeerUnavailable
+from perf import peers as P
+from perf.peers import BATCH, CHILD_WAIT_S, ENC, SETUP_TIMEOUT_S, Peer, PeerUnavailable
 
 clock = time.perf_counter_ns
 DEC = P.DEC
@@ -201,7 +201,7 @@ def _p_mpq(ctrl: Any, q: Any) -> None:
         _send_loop(n, lambda r: put(enc(r)), None)
 
     try:
-        P._serve_rounds(ctrl, serve)
+        P.serve_rounds(ctrl, serve)
     finally:
         q.close()
         q.join_thread()
@@ -220,13 +220,13 @@ class MpQueueFanIn(FanInPeer):
         self.q.join_thread()
 
     def consumer(self) -> tuple[Any, tuple[Any, ...]]:
-        return P._child_mpqueue, (self.q,)
+        return P.child_mpqueue, (self.q,)
 
     def producer(self, i: int) -> tuple[Any, tuple[Any, ...]]:
         return _p_mpq, (self.q,)
 
     def after_start(self) -> None:
-        P._unlink_semlocks(self.q._rlock, self.q._wlock, self.q._sem)
+        P.unlink_semlocks(self.q._rlock, self.q._wlock, self.q._sem)
 
 
 # --------------------------------------------------------------------------- faster-fifo
@@ -240,7 +240,7 @@ def _p_ff(ctrl: Any, q: Any, batch: bool) -> None:
             (lambda rs: q.put_many(rs, timeout=CHILD_WAIT_S)) if batch else None,
         )
 
-    P._serve_rounds(ctrl, serve)
+    P.serve_rounds(ctrl, serve)
 
 
 class FasterFifoFanIn(FanInPeer):
@@ -257,12 +257,12 @@ class FasterFifoFanIn(FanInPeer):
         except ImportError as e:
             raise PeerUnavailable("faster-fifo not installed") from e
         self.q = faster_fifo.Queue(
-            max_size_bytes=8 * 1024 * 1024, dumps=P._ff_dumps, loads=P._ff_loads
+            max_size_bytes=8 * 1024 * 1024, dumps=P.ff_dumps, loads=P.ff_loads
         )
         self.on_cleanup(self.q.close)
 
     def consumer(self) -> tuple[Any, tuple[Any, ...]]:
-        return P._child_ff, (self.q, self.batch)
+        return P.child_ff, (self.q, self.batch)
 
     def producer(self, i: int) -> tuple[Any, tuple[Any, ...]]:
         return _p_ff, (self.q, self.batch)
@@ -298,7 +298,7 @@ def _c_zmq(ctrl: Any, addr: str, batch: bool) -> None:
                 got += 1
 
     try:
-        P._serve_rounds(ctrl, serve)
+        P.serve_rounds(ctrl, serve)
     finally:
         sock.close(0)
         zctx.term()
@@ -322,7 +322,7 @@ def _p_zmq(ctrl: Any, addr: str, batch: bool) -> None:
         )
 
     try:
-        P._serve_rounds(ctrl, serve)
+        P.serve_rounds(ctrl, serve)
     finally:
         sock.close(0)
         zctx.term()
@@ -342,7 +342,7 @@ class ZmqFanIn(FanInPeer):
             import zmq  # noqa: F401
         except ImportError as e:
             raise PeerUnavailable("pyzmq not installed") from e
-        self.addr = f"ipc://{P._tmpdir(self)}/pull.sock"
+        self.addr = f"ipc://{P.tmpdir(self)}/pull.sock"
 
     def consumer(self) -> tuple[Any, tuple[Any, ...]]:
         return _c_zmq, (self.addr, self.batch)
@@ -389,13 +389,13 @@ def _c_rw(ctrl: Any, loop_kind: str, path: str, k: int, mode: str) -> None:
                         await recv()
                 tot: dict[str, Any] = {}
                 for c in conns:
-                    for key, v in P._rw_stats(c).items():
+                    for key, v in P.rw_stats(c).items():
                         tot[key] = tot.get(key, 0) + v
                 return tot
 
-            await P._aserve_rounds(ctrl, serve)
+            await P.aserve_rounds(ctrl, serve)
 
-    P._run_async(loop_kind, main)
+    P.run_async(loop_kind, main)
 
 
 def _p_rw(ctrl: Any, path: str, batch: bool) -> None:
@@ -410,9 +410,9 @@ def _p_rw(ctrl: Any, path: str, batch: bool) -> None:
                 lambda r: chan.send(r, CHILD_WAIT_S),
                 (lambda rs: chan.send_many(rs, CHILD_WAIT_S)) if batch else None,
             )
-            return P._rw_stats(chan)
+            return P.rw_stats(chan)
 
-        P._serve_rounds(ctrl, serve)
+        P.serve_rounds(ctrl, serve)
     finally:
         chan.close()
 
@@ -445,7 +445,7 @@ class RingwireFanIn(FanInPeer):
             import ringwire  # noqa: F401
         except ImportError as e:
             raise PeerUnavailable(f"ringwire not importable: {e}") from e
-        self.path = f"{P._tmpdir(self)}/rw.sock"
+        self.path = f"{P.tmpdir(self)}/rw.sock"
 
     def consumer(self) -> tuple[Any, tuple[Any, ...]]:
         return _c_rw, (self.loop_kind_, self.path, self.k, self.cmode)

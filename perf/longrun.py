@@ -8,7 +8,7 @@ Run from the repository root::
 
 One connection (``ringwire.pair()``, blocking endpoints, the default tensor-slot pool),
 this process producing, a ``spawn`` child consuming.  The producer sends the records
-in batches (``send_many`` of 256 small :class:`perf._peers.Req` records) and, spread
+in batches (``send_many`` of 256 small :class:`perf.peers.Req` records) and, spread
 evenly over the run, tensor handoffs in turn: a 1 MiB float32 loan (``loan`` -> fill ->
 ``send``), a 4 MiB float32 copy-in (``send`` of a private array: one copy into a slot)
 and a 32 KiB array sent inline (below the slot threshold) -- plus, in the full mode
@@ -43,7 +43,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from perf import _peers as P
+from perf import peers as P
 from perf._common import format_table, format_targets, machine_info
 
 MiB = 1 << 20
@@ -158,7 +158,7 @@ def _consumer(ctrl: Any, end: Any) -> None:
                 },
             )
         )
-        P._ctrl_recv(ctrl)  # wait until the parent has taken its last sample
+        P.ctrl_recv(ctrl)  # wait until the parent has taken its last sample
     finally:
         chan.close()
 
@@ -185,7 +185,7 @@ def run(cfg: Config, records: int) -> dict[str, Any]:
     a, b = ringwire.pair()
     parent_end, child_end = ctx.Pipe()
     proc = ctx.Process(
-        target=P._child_entry, args=(_consumer, child_end, b), daemon=True, name="perf-longrun"
+        target=P.child_entry, args=(_consumer, child_end, b), daemon=True, name="perf-longrun"
     )
     proc.start()
     child_end.close()

@@ -8,7 +8,7 @@ Run from the repository root::
     python -m perf.profile_rt --worker           # just the workload, no profiler
 
 The workload is the row the targets judge: ``ringwire.pair()`` async endpoints with
-``spin_us=0`` (every message parks and rings), the 100-byte :class:`perf._peers.Req`
+``spin_us=0`` (every message parks and rings), the 100-byte :class:`perf.peers.Req`
 record, parent sends / child echoes / parent receives, back to back, for ``--seconds``.
 ``--case fanin``: an async :func:`ringwire.listen` consumer doing ``async for conn,
 record in listener`` over 4 blocking producers that ``send`` as fast as they can.
@@ -39,7 +39,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from perf import _peers as P
+from perf import peers as P
 from perf._common import format_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,37 +52,42 @@ ROOT = Path(__file__).resolve().parent.parent
 BREAKDOWN = (
     (
         "send: encode + slot bookkeeping (_encode_placed)",
-        "ringwire._channel",
+        "ringwire._conn.channel",
         "_ChannelBase",
         "_encode_placed",
     ),
     (
         "send: slot safe point (_slot_safe_point)",
-        "ringwire._channel",
+        "ringwire._conn.channel",
         "_ChannelBase",
         "_slot_safe_point",
     ),
     (
         "send: ring write, incl. doorbell (_try_send)",
-        "ringwire._channel",
+        "ringwire._conn.channel",
         "_ChannelBase",
         "_try_send",
     ),
-    ("doorbell: socket.send (_ring)", "ringwire._channel", "_ChannelBase", "_ring"),
+    ("doorbell: socket.send (_ring)", "ringwire._conn.channel", "_ChannelBase", "_ring"),
     (
         "receive: ring read + decode (_try_receive)",
-        "ringwire._channel",
+        "ringwire._conn.channel",
         "_ChannelBase",
         "_try_receive",
     ),
-    ("receive: park, future (_wake_waitable)", "ringwire._channel", "Channel", "_wake_waitable"),
+    (
+        "receive: park, future (_wake_waitable)",
+        "ringwire._conn.channel",
+        "Channel",
+        "_wake_waitable",
+    ),
     (
         "wake: reader callback (_aio_on_readable)",
-        "ringwire._channel",
+        "ringwire._conn.channel",
         "Channel",
         "_aio_on_readable",
     ),
-    ("wake: socket.recv of doorbells (_drain)", "ringwire._channel", "_ChannelBase", "_drain"),
+    ("wake: socket.recv of doorbells (_drain)", "ringwire._conn.channel", "_ChannelBase", "_drain"),
     ("event loop: epoll_wait (EpollSelector.select)", "selectors", "EpollSelector", "select"),
 )
 
@@ -204,10 +209,10 @@ def _rt_child(ctrl: Any, end: Any, seconds: float, breakdown: bool = False) -> N
 def run_rt(seconds: float, loop_kind: str, breakdown: bool = False) -> dict[str, Any]:
     acc = instrument() if breakdown else {}
     ctx = mp.get_context("spawn")
-    a, b = P._rw_pair()
+    a, b = P.rw_pair()
     pe, ce = ctx.Pipe()
     proc = ctx.Process(
-        target=P._child_entry, args=(_rt_child, ce, b, seconds, breakdown), daemon=True
+        target=P.child_entry, args=(_rt_child, ce, b, seconds, breakdown), daemon=True
     )
     proc.start()
     ce.close()
@@ -239,7 +244,7 @@ def run_rt(seconds: float, loop_kind: str, breakdown: bool = False) -> dict[str,
             out["cpu_ns"] = time.process_time_ns() - c0
             out["round_trips"] = n
             out["us_per_rt"] = (time.perf_counter_ns() - t0) / n / 1000
-            out["stats"] = P._rw_stats(chan)
+            out["stats"] = P.rw_stats(chan)
         finally:
             await chan.aclose()
 
@@ -303,7 +308,7 @@ def run_fanin(seconds: float, loop_kind: str, producers: int = 4) -> dict[str, A
         async with ringwire.listen(path, type=P.Req, slots=None) as lst:
             for _ in range(producers):
                 pe, ce = ctx.Pipe()
-                p = ctx.Process(target=P._child_entry, args=(_fan_producer, ce, path), daemon=True)
+                p = ctx.Process(target=P.child_entry, args=(_fan_producer, ce, path), daemon=True)
                 p.start()
                 ce.close()
                 kids.append((p, pe))
@@ -322,7 +327,7 @@ def run_fanin(seconds: float, loop_kind: str, producers: int = 4) -> dict[str, A
             out["records_per_s"] = n / ((time.perf_counter_ns() - t0) / 1e9)
             tot: dict[str, int] = {}
             for c in lst.connections:
-                for key, v in P._rw_stats(c).items():
+                for key, v in P.rw_stats(c).items():
                     tot[key] = tot.get(key, 0) + v
             out["consumer_stats"] = tot
             for _, pe in kids:

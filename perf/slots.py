@@ -105,7 +105,7 @@ if __package__ in (None, ""):  # run as a script: make `perf` importable
 import msgspec
 import numpy as np
 
-from perf import _peers as P
+from perf import peers as P
 from perf._common import fmt_ms, format_table, format_targets, machine_info, summarize
 
 clock = time.perf_counter_ns
@@ -190,7 +190,7 @@ def _child_rw(
                 "doorbells_sent": st.doorbells_sent,
             }
 
-        P._serve_rounds(ctrl, serve, {"pid": os.getpid()})
+        P.serve_rounds(ctrl, serve, {"pid": os.getpid()})
     finally:
         for ch in chans.values():
             with contextlib.suppress(Exception):
@@ -228,7 +228,7 @@ def _child_zmq(ctrl: Any, addr: str) -> None:
                 del frames
             return {"bad": bad}
 
-        P._serve_rounds(ctrl, serve, {"pid": os.getpid()})
+        P.serve_rounds(ctrl, serve, {"pid": os.getpid()})
     finally:
         sock.close(0)
         zctx.term()
@@ -247,7 +247,7 @@ def _child_mpq(ctrl: Any, q_in: Any, q_out: Any) -> None:
             del x
         return {"bad": bad}
 
-    P._serve_rounds(ctrl, serve, {"pid": os.getpid()})
+    P.serve_rounds(ctrl, serve, {"pid": os.getpid()})
 
 
 # =========================================================================== parent peers
@@ -412,7 +412,7 @@ class ZmqPeer(_Peer):
             import zmq
         except ImportError as e:
             raise P.PeerUnavailable("pyzmq not installed") from e
-        d = P._tmpdir(self)
+        d = P.tmpdir(self)
         addr = f"ipc://{d}/pair.sock"
         self.zctx = zmq.Context()
         self.sock = self.zctx.socket(zmq.PAIR)
@@ -473,7 +473,7 @@ class MpQueuePeer(_Peer):
         attrs = ("_rlock", "_wlock", "_sem")
         locks = [getattr(q, a, None) for q in (self.q_in, self.q_out) for a in attrs]
         self.sem_names = {lk._semlock.name for lk in locks if lk is not None}
-        P._unlink_semlocks(*locks)
+        P.unlink_semlocks(*locks)
 
     def _close_qs(self) -> None:
         for q in (self.q_in, self.q_out):

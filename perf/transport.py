@@ -6,8 +6,8 @@ Run from the repository root::
     python -m perf.transport --quick    # ~1 minute
     python -m perf.transport --json perf/results/transport.json
 
-Every message is a msgpack record (the ~100-byte :class:`perf._peers.Req`; in the round
-trip tables also the 4 KiB :class:`perf._peers.Blob`), encoded and decoded with msgspec
+Every message is a msgpack record (the ~100-byte :class:`perf.peers.Req`; in the round
+trip tables also the 4 KiB :class:`perf.peers.Blob`), encoded and decoded with msgspec
 on both sides; the peer is a ``spawn`` child process.  Five tables:
 
 * **async round trip** -- both ends parked between messages (the waiting side sleeps in
@@ -56,7 +56,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from perf import _peers as P
+from perf import peers as P
 from perf._common import format_table, format_targets, machine_info, summarize
 
 try:
@@ -1123,12 +1123,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _default_spin() -> float:
-    try:
-        from ringwire import _channel
+    import ringwire
 
-        return float(_channel.DEFAULT_SPIN_US)
-    except Exception:
-        return 50.0
+    return float(ringwire.DEFAULT_SPIN_US)
 
 
 if __name__ == "__main__":
