@@ -12,7 +12,7 @@ messages from ringwire's own writers); a given directory that is empty gets them
 A crash (an undocumented exception, a hang past ``-timeout``, RSS past
 ``-rss_limit_mb``, or a broken invariant) stops the run with libFuzzer's report and a
 ``crash-*`` / ``timeout-*`` file holding the input; turn it into a regression test in
-``tests/test_fuzz.py``.
+``tests/process/test_fuzz.py``.
 
 libFuzzer ends the process itself (Python's ``atexit`` does not run), so the harness
 writes its own counters -- inputs per outcome -- to ``$RINGWIRE_FUZZ_STATS`` (a JSON

@@ -13,7 +13,7 @@ when everything is as documented, and raises anything else:
   parsed differently by the two ring readers) raise :class:`Finding`.
 
 The same targets are driven by the atheris harness (``fuzz/atheris_fuzz.py``,
-coverage-guided, where atheris installs) and by hypothesis in ``tests/test_fuzz.py``.
+coverage-guided, where atheris installs) and by hypothesis in ``tests/unit/test_fuzz.py`` / ``tests/process/test_fuzz.py``.
 :func:`seeds` gives each target's seed corpus: valid messages produced by the
 ringwire Encoder and the handshake/ring/slot writers, so mutations start deep.
 

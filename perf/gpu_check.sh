@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of ringwire in one go (a few minutes on one GPU):
-#   1. the CUDA IPC tests across processes (tests/test_cuda_gpu.py) and the CPU-side
-#      protocol tests (tests/test_cuda.py), which also run in CI;
+#   1. the CUDA IPC tests across processes (tests/process/test_cuda_gpu.py) and the CPU-side
+#      protocol tests (tests/unit/test_cuda.py, tests/process/test_cuda.py), which also run in CI;
 #   2. the GPU handoff benchmark (1 MiB and 1 GiB, ringwire vs torch.multiprocessing).
 # Needs a Python with CUDA torch, msgspec, numpy, posix_ipc, anyio and pytest; with
 # INSTALL=1 it installs the project first (pip install -e '.[test]').
@@ -20,7 +20,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda,
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no CUDA)")
 PY
 status=0
-timeout 600 python -m pytest -v -p no:cacheprovider tests/test_cuda_gpu.py tests/test_cuda.py \
+timeout 600 python -m pytest -v -p no:cacheprovider tests/process/test_cuda_gpu.py tests/unit/test_cuda.py tests/process/test_cuda.py \
     2>&1 | tee "$out/gpu_tests.txt" || status=1
 timeout 600 python -m perf.cuda --json "$out/gpu_bench.json" 2>&1 | tee "$out/gpu_bench.txt" \
     || status=1

@@ -432,4 +432,3 @@ class Channel(anyio.abc.ObjectStream[Any]):
         core = getattr(self, "_core", None)
         if core is not None:
             core.abandon(self)
-

@@ -95,5 +95,3 @@ def connect_sync(
         sock.close()
         raise
     return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=os.fspath(path)))
-
-

@@ -49,6 +49,7 @@ points* -- every send, receive and loan, and every wake-up -- push releases queu
 finalizers and process the peer's releases (:meth:`Endpoint.slot_safe_point`); the
 peer's hang-up reclaims every slot it held.  A record's trip: :meth:`encode_placed`
 asks the pool for a :class:`~ringwire._shm.sendpool.Placement` and encodes with it
+(``Encoder.encode_with``)
 (each large array is copied into a free slot, or a loan is used up, and referenced by
 an Ext 4); the frame is published; the peer's :meth:`try_receive` decodes it, the
 pool's resolver making a read-only view of each slot with a finalizer; when the last
@@ -85,7 +86,15 @@ from .._wire.ring import fence
 from .statistics import ChannelStatistics
 from .transport import Transport
 
-__all__ = ["ALIVE_EVERY", "DEFAULT_SPIN_US", "EMPTY", "UNSET", "Endpoint", "ReceiptBase", "warn_held"]
+__all__ = [
+    "ALIVE_EVERY",
+    "DEFAULT_SPIN_US",
+    "EMPTY",
+    "UNSET",
+    "Endpoint",
+    "ReceiptBase",
+    "warn_held",
+]
 
 logger = logging.getLogger("ringwire")
 
@@ -311,13 +320,13 @@ class Endpoint:
             self.check_send()  # closed, broken or gone: nothing to place
         placement = pool.placement(policy)
         try:
-            payload = self.enc.encode(item, placer=placement)
+            payload = self.enc.encode_with(item, placement)
             if len(payload) > self.tx.max_payload:
                 self.tx.check_size(len(payload))
         except BaseException:
-            pool.abort(placement.placed)
+            pool.abort(placement)
             raise
-        return payload, placement.placed
+        return payload, placement
 
     def encode_batch(
         self, items: Sequence[Any], start: int, policy: str | None
@@ -409,10 +418,13 @@ class Endpoint:
     # -- sending without waiting -------------------------------------------------------
 
     def try_send(self, payload: bytes) -> bool:
-        tx = self.tx
-        if self.tx_blocked or tx.reader_closed:
+        if self.tx_blocked:
             self.check_send()
-        if not tx.try_write(payload):
+        tx = self.tx
+        written = tx.try_write(payload)
+        if not written:
+            if written is None:  # the peer closed its end
+                self.check_send()
             return False
         self.n_sent += 1
         self.b_sent += len(payload)
@@ -493,6 +505,8 @@ class Endpoint:
         try:
             if self.peer is None:
                 obj = dec.decode(view)
+            elif self._undecodable is None:
+                obj = self.peer.decode(dec, view)
             else:
                 obj = self._decode_resolving(dec, view)
             self.n_recv += 1
@@ -589,11 +603,7 @@ class Endpoint:
         """Should a receiver waiting for a record stop waiting?"""
         rx = self.rx
         return (
-            self.closed
-            or self.eof
-            or self.broken is not None
-            or rx.available()
-            or rx.writer_closed
+            self.closed or self.eof or self.broken is not None or rx.available() or rx.writer_closed
         )
 
     # -- parking (counted: several waiters may park on one lane) -----------------------
@@ -762,9 +772,7 @@ class ReceiptBase:
 
     __slots__ = ("_core", "_pairs", "_run")
 
-    def __init__(
-        self, core: Endpoint, pairs: Sequence[tuple[int, int]], run: Any = None
-    ) -> None:
+    def __init__(self, core: Endpoint, pairs: Sequence[tuple[int, int]], run: Any = None) -> None:
         self._core = core
         self._pairs = tuple(pairs)
         self._run = run

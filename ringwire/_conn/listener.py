@@ -535,5 +535,3 @@ class SyncListener(_ListenerBase):
                 f"unclosed ringwire SyncListener at {self.path}", ResourceWarning, stacklevel=1
             )
             self.close()
-
-

@@ -58,7 +58,9 @@ class MemoryWriter:
     def fits_now(self, n: int) -> bool:
         return self._lane.used + n <= self.capacity
 
-    def try_write(self, payload: Any) -> bool:
+    def try_write(self, payload: Any) -> bool | None:
+        if self._lane.reader_closed:
+            return None
         n = len(payload)
         if n > self.max_payload:
             self.check_size(n)

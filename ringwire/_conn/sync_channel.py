@@ -56,9 +56,7 @@ class SyncWaker:
         core = self.core
         cv = self.cv
         with cv:
-            while (
-                core.wake_gen == gen and not core.eof and not core.closed and core.broken is None
-            ):
+            while core.wake_gen == gen and not core.eof and not core.closed and core.broken is None:
                 left = None if until is None else until - time.monotonic()
                 if left is not None and left <= 0:
                     return
@@ -169,7 +167,9 @@ class SyncChannel:
                 try:
                     payload, placed = core.encode_placed(item, slot_policy)
                 except NeedSlot:  # wait for a slot, encode again, publish
-                    loop = waits.send_placed(core, item, slot_policy, deadline or _deadline(timeout))
+                    loop = waits.send_placed(
+                        core, item, slot_policy, deadline or _deadline(timeout)
+                    )
                     self._run(loop)
                     return
                 if placed:

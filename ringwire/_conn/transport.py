@@ -73,8 +73,9 @@ class FrameWriter(Protocol):
     def check_size(self, n: int) -> None:
         """Raise :class:`~ringwire.FrameTooLarge` if an ``n``-byte frame can never fit."""
 
-    def try_write(self, payload: Any) -> bool:
-        """Publish one frame; ``False`` (nothing written) if there is no room now."""
+    def try_write(self, payload: Any) -> bool | None:
+        """Publish one frame; ``False`` (nothing written) if there is no room now,
+        ``None`` (nothing written) if the reader closed its end."""
 
     def write_many(self, payloads: Sequence[Any], start: int = 0) -> tuple[int, int]:
         """Publish ``payloads[start:]`` while they fit: ``(frames, payload bytes)``."""

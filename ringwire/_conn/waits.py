@@ -235,9 +235,7 @@ def send_many_placed(
             yield from slot(core, need, deadline, slot_deadline)
 
 
-def loan(
-    core: Endpoint, spec: Any, policy: str, deadline: float | None = None
-) -> Loop[Any]:
+def loan(core: Endpoint, spec: Any, policy: str, deadline: float | None = None) -> Loop[Any]:
     """A loaned array (see ``loan_spec``), waiting for a slot under policy "wait"."""
     pool = core.require_pool()
     slot_deadline: float | None = UNSET

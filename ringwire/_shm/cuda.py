@@ -199,7 +199,9 @@ class TorchCudaBackend:
         dst = memory.narrow(0, offset, nbytes).view(t.dtype).view(t.shape)
         dst.copy_(t.detach())
 
-    def view(self, memory: Any, offset: int, nbytes: int, dtype: Any, shape: Any) -> tuple[Any, Any]:
+    def view(
+        self, memory: Any, offset: int, nbytes: int, dtype: Any, shape: Any
+    ) -> tuple[Any, Any]:
         """A tensor over ``memory[offset:offset + nbytes]`` and the object whose death
         means every view of it is gone (torch holds it in the storage's deleter)."""
         span = _CudaSpan(self.address(memory) + offset, nbytes, memory)
@@ -383,7 +385,9 @@ class CudaSendPool:
             pool_handle=self.announcement,
         )
 
-    def loan_view(self, slot: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    def loan_view(
+        self, slot: int, nbytes: int, dtype: Any, shape: tuple[int, ...]
+    ) -> tuple[Any, Any]:
         return self.backend.view(self.memory, self.layout.offsets[slot], nbytes, dtype, shape)
 
     def reusable(self, consumer_gone: bool) -> bool:
@@ -401,9 +405,7 @@ class CudaSendPool:
         _LOCAL_POOLS.pop(self.announcement, None)
         if reusable and self.memory is not None:
             with _IDLE_LOCK:
-                _IDLE.setdefault(self._key, []).append(
-                    (self.memory, self._exported, self._events)
-                )
+                _IDLE.setdefault(self._key, []).append((self.memory, self._exported, self._events))
         self._events = {}
         self.memory = None
 
@@ -430,7 +432,9 @@ class OpenedCudaPool:
         self.capacities = capacities
         local = _LOCAL_POOLS.get(ref.pool_handle) if pid == os.getpid() else None
         self.local = local is not None
-        self.memory = local if local is not None else backend.open_pool(ref.device, exported, nbytes)
+        self.memory = (
+            local if local is not None else backend.open_pool(ref.device, exported, nbytes)
+        )
         self.last_generation = [-1] * len(offsets)
         self._events: dict[bytes, Any] = {}
 

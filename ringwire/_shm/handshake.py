@@ -331,5 +331,3 @@ def drive_sync(gen: HandshakeGen, sock: socket.socket, deadline: float) -> ShmTr
         return _finish(stop, sock)
     finally:
         gen.close()
-
-

@@ -105,7 +105,6 @@ __all__ = [
 # -- the consumer's side -----------------------------------------------------------------
 
 
-
 class RecvPool:
     """The consumer's view of the peer's pool: resolver, finalizers, release sink."""
 
@@ -380,5 +379,3 @@ class RecvPool:
             self._buf = None
             self.cuda_opened.clear()  # live views keep their pool mapped
             seg.close()
-
-

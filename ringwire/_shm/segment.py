@@ -42,10 +42,6 @@ SHM_DIR = "/dev/shm"
 _PAGE = mmap.PAGESIZE
 
 
-
-
-
-
 def unlink_segment(name: str) -> bool:
     """Remove ``name`` from ``/dev/shm``; ``False`` if it was already gone."""
     try:

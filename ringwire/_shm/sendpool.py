@@ -72,13 +72,14 @@ from .cuda import (
     split_tag,
 )
 from .segment import Segment
-from .slotconfig import SlotConfig, check_policy, describe_classes
+from .slotconfig import POLICIES, SlotConfig, check_policy, describe_classes
 
 __all__ = [
     "Placed",
     "Placement",
     "SendPool",
 ]
+
 
 def _address(buf: Any) -> int:
     probe = np.frombuffer(buf, np.uint8, count=1)
@@ -88,27 +89,25 @@ def _address(buf: Any) -> int:
         del probe
 
 
-
-
 # -- the producer's side -----------------------------------------------------------------
 
 # (slot, generation, was a loan)
 Placed = list[tuple[int, int, bool]]
 
 
-class Placement:
-    """The placer of one record: ``Encoder.encode(item, placer=placement)`` calls it
-    for every array and tensor of the record, and :attr:`placed` then lists every slot
-    the record took as ``(slot, generation, was a loan)`` -- what
-    :meth:`SendPool.abort` gives back if the record is not published, and what a
-    :class:`~ringwire.Receipt` waits for."""
+class Placement(list[tuple[int, int, bool]]):
+    """The placer of one record, and what it placed.
 
-    __slots__ = ("pool", "policy", "placed")
+    ``Encoder.encode_with(item, placement)`` calls it for every array and tensor of
+    the record; the placement itself is then the list of every slot the record took,
+    as ``(slot, generation, was a loan)`` -- what :meth:`SendPool.abort` gives back if
+    the record is not published, and what a :class:`~ringwire.Receipt` waits for.
+    Made by :meth:`SendPool.placement` (a list with two attributes: one is made per
+    record on the send path, so it must be cheap)."""
 
-    def __init__(self, pool: SendPool, policy: str) -> None:
-        self.pool = pool
-        self.policy = policy  # "wait", "inline" or "error": when no slot is free
-        self.placed: Placed = []
+    __slots__ = ("pool", "policy")
+    pool: SendPool
+    policy: str  # "wait", "inline" or "error": what to do when no slot is free
 
     def __call__(self, obj: Any) -> SlotRef | CudaRef | None:
         return self.pool.place(obj, self)
@@ -210,10 +209,16 @@ class SendPool:
     # -- placing (what the Encoder calls for one record) --------------------------------
 
     def placement(self, policy: str | None) -> Placement:
-        """The placer of one record: pass it to ``Encoder.encode(item, placer=...)``;
+        """The placer of one record: pass it to ``Encoder.encode_with(item, placement)``;
         its ``placed`` lists the slots the record took (give them back with
         :meth:`abort` if the record is not published)."""
-        return Placement(self, check_policy(policy) or self.config.policy)
+        placement = Placement()
+        placement.pool = self
+        if policy in POLICIES:
+            placement.policy = policy
+        else:
+            placement.policy = check_policy(policy) or self.config.policy
+        return placement
 
     def abort(self, placed: Placed) -> None:
         """Give back the slots of a record that was not published."""
@@ -273,7 +278,7 @@ class SendPool:
                 )
             self.inline_fallbacks += 1
             return None
-        record = placement.placed
+        record = placement
         with self.lock:
             slot = self.alloc.allocate(nbytes)
             if slot is None:
@@ -307,9 +312,7 @@ class SendPool:
             self.cuda_pools[device] = pool
         return pool
 
-    def _place_cuda(
-        self, obj: Any, backend: Any, placement: Placement
-    ) -> SlotRef | CudaRef | None:
+    def _place_cuda(self, obj: Any, backend: Any, placement: Placement) -> SlotRef | CudaRef | None:
         config = self.config
         nbytes = cuda_nbytes(obj)
         if config.cuda == "stage":
@@ -320,7 +323,7 @@ class SendPool:
         device = backend.device_index(obj)
         pool = self.cuda_pools.get(device)
         addr = obj.data_ptr()
-        record = placement.placed
+        record = placement
         if pool is not None and pool.lo <= addr < pool.hi:
             with self.lock:
                 slot = pool.alloc.slot_at(addr - pool.lo, nbytes)
@@ -385,7 +388,9 @@ class SendPool:
         ``None`` if none is free."""
         backend = cuda_backend()
         if backend is None:
-            raise RingwireError("CUDA loans need CUDA in this process (torch.cuda is not available)")
+            raise RingwireError(
+                "CUDA loans need CUDA in this process (torch.cuda is not available)"
+            )
         with self.lock:
             pool = self._cuda_pool(device, backend)
             if nbytes > pool.alloc.largest:
@@ -459,7 +464,7 @@ class SendPool:
             self.alloc.mark_sent(slot)
             self.loans.discard(slot)
             gen = self.alloc.generation(slot)
-        placement.placed.append((slot, gen, True))
+        placement.append((slot, gen, True))
         return SlotRef(
             version=1,
             pool=self.layout.pool_id,
@@ -628,5 +633,3 @@ class SendPool:
         seg.unlink()
         seg.close()
         self.seg = None  # type: ignore[assignment]
-
-

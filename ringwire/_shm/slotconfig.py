@@ -68,6 +68,7 @@ __all__ = [
     "default_slots",
     "describe_classes",
     "loan_spec",
+    "POLICIES",
     "Policy",
     "resolve_config",
     "SlotConfig",
@@ -77,12 +78,8 @@ RELEASE_CAPACITY = 64 * 1024
 """Data bytes of a pool's release lane (about 2000 releases per frame)."""
 
 Policy = Literal["wait", "inline", "error"]
-_POLICIES = ("wait", "inline", "error")
+POLICIES = ("wait", "inline", "error")
 _KiB, _MiB = 1 << 10, 1 << 20
-
-
-
-
 
 
 @dataclass(frozen=True)
@@ -146,8 +143,8 @@ class SlotConfig:
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{field_name} must be a non-negative int, not {value!r}")
-        if self.policy not in _POLICIES:
-            raise ValueError(f"policy must be one of {_POLICIES}, not {self.policy!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
         if self.wait_timeout is not None and not self.wait_timeout >= 0:
             raise ValueError("wait_timeout must be None or >= 0")
         if self.cuda not in ("ipc", "stage"):
@@ -261,8 +258,6 @@ def loan_spec(
 
 
 def check_policy(policy: str | None) -> str | None:
-    if policy is not None and policy not in _POLICIES:
-        raise ValueError(f"slot_policy must be one of {_POLICIES}, not {policy!r}")
+    if policy is not None and policy not in POLICIES:
+        raise ValueError(f"slot_policy must be one of {POLICIES}, not {policy!r}")
     return policy
-
-

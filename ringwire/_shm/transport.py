@@ -61,9 +61,7 @@ class ShmTransport:
         self.recv_pool: RecvPool | None = None
         if own_pool is not None:
             seg, layout, config = own_pool
-            self.send_pool = SendPool(
-                seg, layout, config, self.tx.max_payload - _MAX_RECORD_SLACK
-            )
+            self.send_pool = SendPool(seg, layout, config, self.tx.max_payload - _MAX_RECORD_SLACK)
         if peer_pool is not None:
             seg, layout = peer_pool
             copy = own_pool[2].copy_out if own_pool is not None else False

@@ -35,7 +35,6 @@ import array
 import math
 import re
 import struct
-import threading
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -157,7 +156,7 @@ class Encoder:
         Called with every numpy array and torch tensor before it is copied inline.
         Return a :class:`SlotRef` / :class:`CudaRef` to send a reference instead
         (the transport's slot pools do this), or ``None`` for the inline Ext 2/3 copy.
-        :meth:`encode` also takes a placer for one call, which overrides this one: a
+        :meth:`encode_with` takes a placer for one call, which overrides this one: a
         transport passes an object that records what it placed for that record.
     enc_hook:
         Called, as in msgspec, for any other type ringwire does not know; it must
@@ -175,7 +174,7 @@ class Encoder:
         enc_hook: Callable[[Any], Any] | None = None,
     ) -> None:
         self._placer = placer
-        self._call = threading.local()  # .placer: the placer of the encode() in progress
+        self._call_placer: Placer | None = None  # the placer of the encode() in progress
         self._user_hook = enc_hook
         self._msg = msgspec.msgpack.Encoder(enc_hook=self._hook)
         self._plans: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
@@ -185,14 +184,8 @@ class Encoder:
 
     # -- public API -----------------------------------------------------------------
 
-    def encode(self, obj: Any, *, placer: Placer | None = None) -> bytes:
-        """Return ``obj`` as msgpack bytes.
-
-        ``placer``, if given, is called instead of the constructor's for every array
-        and tensor of this one call (thread-safe: each thread's call has its own).
-        Raises :class:`~ringwire.EncodeError`, and whatever the placer raises."""
-        if placer is not None:
-            return self._encode_placing(obj, placer)
+    def encode(self, obj: Any) -> bytes:
+        """Return ``obj`` as msgpack bytes.  Raises :class:`~ringwire.EncodeError`."""
         try:
             if type(obj) not in self._atomic:
                 obj = self._lift_any(obj)
@@ -202,20 +195,18 @@ class Encoder:
         except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
             raise EncodeError(str(exc)) from exc
 
-    def _encode_placing(self, obj: Any, placer: Placer) -> bytes:
-        call = self._call
-        outer = getattr(call, "placer", None)  # an encode() inside a placer (re-entrant)
-        call.placer = placer
+    def encode_with(self, obj: Any, placer: Placer) -> bytes:
+        """:meth:`encode`, calling ``placer`` instead of the constructor's placer for
+        every array and tensor of this one call -- a transport passes an object that
+        records what it placed for that record.  An encoder given per-call placers
+        must be used by one thread at a time (a transport's encoder belongs to one
+        endpoint, whose sends are serialised).  Raises what :meth:`encode` raises, and
+        whatever the placer raises."""
+        self._call_placer = placer  # (placers never encode: no call nests in another)
         try:
-            if type(obj) not in self._atomic:
-                obj = self._lift_any(obj)
-            return self._msg.encode(obj)
-        except EncodeError:
-            raise
-        except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
-            raise EncodeError(str(exc)) from exc
+            return self.encode(obj)
         finally:
-            call.placer = outer
+            self._call_placer = None  # drop the record's placement
 
     def encode_into(self, obj: Any, buffer: bytearray, offset: int = 0) -> None:
         """Encode ``obj`` into ``buffer`` at ``offset`` (msgspec semantics: the
@@ -257,7 +248,9 @@ class Encoder:
         raise EncodeError(f"values of type {type(obj).__qualname__} cannot be encoded")
 
     def _place(self, obj: Any) -> Ext | None:
-        placer = getattr(self._call, "placer", None) or self._placer
+        placer = self._call_placer
+        if placer is None:
+            placer = self._placer
         if placer is None:
             return None
         ref = placer(obj)

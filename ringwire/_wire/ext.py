@@ -1,7 +1,7 @@
 """The Ext code table: a stable wire contract.
 
 Changing a number here breaks every peer running an older ringwire; the golden-bytes
-tests in ``tests/test_codec.py`` pin each of them.
+tests in ``tests/unit/test_codec.py`` pin each of them.
 
 =====  ============================  =====================================================
 code   meaning                       payload

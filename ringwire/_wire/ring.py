@@ -165,10 +165,6 @@ _MAGIC_BYTES = RING_MAGIC + struct.pack("<H", LAYOUT_VERSION)
 _MAGIC_WORD = struct.unpack("=Q", _MAGIC_BYTES)[0]
 
 
-
-
-
-
 # -- the fence --------------------------------------------------------------------------
 
 # x86-64 is TSO: stores are seen in program order and loads are not reordered with
@@ -426,9 +422,12 @@ class RingWriter(_Lane):
                 "through tensor slots, or open the channel with a larger capacity"
             )
 
-    def try_write(self, payload: Any) -> bool:
-        """Write and publish one frame; ``False`` (nothing written) if the ring is full."""
+    def try_write(self, payload: Any) -> bool | None:
+        """Write and publish one frame; ``False`` (nothing written) if the ring is full,
+        ``None`` (nothing written) if the reader closed its end."""
         # the hot path: _space_for and _put inlined
+        if self._q[_RCLOSED]:
+            return None
         n = len(payload)
         if n > self.max_payload:
             self.check_size(n)

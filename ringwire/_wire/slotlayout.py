@@ -81,8 +81,6 @@ MAX_SLOTS = _MAX_SLOTS
 POOL_MAGIC = _MAGIC[:6]
 
 
-
-
 @dataclass(frozen=True)
 class SlotClass:
     """``count`` slots of ``size`` bytes each."""

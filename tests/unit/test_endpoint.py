@@ -207,7 +207,14 @@ def test_no_slot_pool_means_no_loans_and_a_clear_error_for_references() -> None:
     from ringwire import SlotRef
 
     ref = SlotRef(
-        version=1, pool=1, slot=0, generation=0, offset=0, nbytes=8, shape=(8,), dtype="|u1",
+        version=1,
+        pool=1,
+        slot=0,
+        generation=0,
+        offset=0,
+        nbytes=8,
+        shape=(8,),
+        dtype="|u1",
         kind="numpy",
     )
     a.try_send(a.encode({"ref": ref}))

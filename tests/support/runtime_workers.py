@@ -1,4 +1,5 @@
-"""Worker entry points for tests/test_runtime.py (imported by spawned worker processes)."""
+"""Worker entry points for tests/process/test_runtime.py (imported by spawned worker
+processes as ``support.runtime_workers``)."""
 
 from __future__ import annotations
 

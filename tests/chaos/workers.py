@@ -1,6 +1,7 @@
-"""Victims and producers for tests/test_chaos.py and tests/test_load.py.
+"""Victims and producers for tests/chaos/test_chaos.py (through harness.py) and
+tests/load/test_load.py.
 
-Run as a script (``python tests/chaos_workers.py``) the process imports ringwire, prints
+Run as a script (``python tests/chaos/workers.py``) the process imports ringwire, prints
 ``ready`` and waits for one JSON line on stdin naming its role and options; a harness
 keeps a few of these started ahead of time, so the cost of starting Python is paid
 while the previous round runs.  A closed stdin without a line means "not needed":
@@ -10,7 +11,7 @@ exit 0.  Lines on stdout tell the harness what happened:
 ``E <text>``          a check failed here (the harness fails the test)
 ``done <json>``       the role finished normally
 
-The runtime's worker entries (``chaos_echo``) are imported by spawned workers.
+The runtime's worker entries (``chaos.workers:chaos_echo``) are imported by spawned workers.
 
 Records carry their sequence number and checksums end to end: ``[seq, crc(payload),
 payload, array or None, crc(array)]``.  Every fourth or so carries a numpy array: a
@@ -399,7 +400,7 @@ ASYNC_ROLES = {
 }
 
 
-# -- load producers (tests/test_load.py) ------------------------------------------------------
+# -- load producers (tests/load/test_load.py) ---------------------------------------------------
 
 
 def role_load_producer(cfg: dict[str, Any]) -> None:
@@ -475,7 +476,7 @@ def role_load_producer(cfg: dict[str, Any]) -> None:
     )
 
 
-# -- runtime workers (spawned by runtime.Topology in tests/test_chaos.py) -------------------
+# -- runtime workers (spawned by runtime.Topology in tests/chaos/harness.py) --------------------
 
 
 async def chaos_echo(ctx: Any) -> None:

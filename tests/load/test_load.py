@@ -1,6 +1,6 @@
 """Load: many producer processes into one consumer, every record checked, memory flat.
 
-Eight producers (``tests/chaos_workers.py``, role ``load_producer``, blocking API) send
+Eight producers (``tests/chaos/workers.py``, role ``load_producer``, blocking API) send
 sequence-numbered, checksummed records to one listener's fair fan-in in this process:
 small records (in batches through ``send_many``), numpy arrays inline and through
 tensor slots (half of the slot arrays loaned: filled in place), and, from one producer,
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -28,12 +27,9 @@ from typing import Any
 
 import anyio
 import pytest
+from chaos.workers import Child, check_record, recheck, rss
 
 import ringwire
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from chaos_workers import Child, check_record, recheck, rss  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess]
 

@@ -22,10 +22,10 @@ from ringwire import SlotClass, SlotConfig, runtime
 
 pytestmark = [pytest.mark.multiprocess]
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: where support.runtime_workers is found
+ROOT = TESTS.parent
 SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4), SlotClass(1 << 20, 4)))
-W = "runtime_workers"  # tests/runtime_workers.py (tests/ is on sys.path, spawn inherits it)
+W = "support.runtime_workers"  # tests/ is on sys.path, and spawned workers inherit it
 
 
 @pytest.fixture
@@ -300,7 +300,7 @@ SCRIPT = textwrap.dedent(
 
     if __name__ == "__main__":
         topo = runtime.Topology(
-            [runtime.Worker(n, "runtime_workers:{entry}", slots=SMALL) for n in ("a", "b")],
+            [runtime.Worker(n, "support.runtime_workers:{entry}", slots=SMALL) for n in ("a", "b")],
             slots=SMALL, drain_timeout={drain},
         )
         topo.run(main)
@@ -311,7 +311,7 @@ SCRIPT = textwrap.dedent(
 
 def _start_script(tmp_path: Path, entry: str = "echo", drain: float = 5) -> tuple[Any, list[int]]:
     script = tmp_path / "topo_script.py"
-    script.write_text(SCRIPT.format(tests=str(HERE), entry=entry, drain=drain))
+    script.write_text(SCRIPT.format(tests=str(TESTS), entry=entry, drain=drain))
     proc = subprocess.Popen(
         [sys.executable, str(script)],
         stdout=subprocess.PIPE,

@@ -1,19 +1,17 @@
 """CUDA tensors by reference (Ext 5), on CPU: the protocol through a simulated backend.
 
-Every CUDA call of ringwire goes through a backend object; ``cuda_fake`` simulates one
+Every CUDA call of ringwire goes through a backend object; ``support/cuda_fake.py`` simulates one
 (pool memory in a memfd, events that complete on demand).  So these tests drive the
 real pools, references, finalizers, release thread, lanes, reclaim and refusals in CI;
-``test_cuda_gpu.py`` runs the same shapes of test against real CUDA where a GPU exists.
+``tests/process/test_cuda_gpu.py`` runs the same shapes of test against real CUDA where a
+GPU exists (and tests/process/test_cuda.py this protocol across processes).
 """
 
 from __future__ import annotations
 
 import gc
-import os
-import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -21,10 +19,16 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-from cuda_fake import FakeCudaBackend, install
-from test_slots import SPAWN, apair, spair, spawned
+from support.cuda import (
+    GPU,
+    KiB,
+    MiB,
+    cuda_in_use,
+    fake_fixture,  # noqa: F401  (the fixture `fake`)
+    until,
+)
+from support.slots import apair, spair
 
-from ringwire._conn.pair import PairEnd, pair
 from ringwire._errors import DecodeError, SlotMisuse, SlotsExhausted
 from ringwire._shm.cuda import (
     CudaNeed,
@@ -42,41 +46,12 @@ from ringwire._wire.slotlayout import SlotClass
 
 from anyio import BrokenResourceError  # isort: skip
 
-KiB, MiB = 1 << 10, 1 << 20
-GPU = SlotConfig(
-    classes=(SlotClass(64 * KiB, 4),),
-    threshold=1024,
-    cuda_threshold=1024,
-    cuda_classes=(SlotClass(64 * KiB, 2), SlotClass(1 * MiB, 1)),
-)
-
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeCudaBackend]:
-    backend = install()
-    try:
-        yield backend
-    finally:
-        set_cuda_backend(None)
-        drop_idle_pools()
-        gc.collect()
-
-
-def cuda_in_use(ch: Any) -> int:
-    return int(ch.statistics().cuda_slots_in_use)  # statistics() is a safe point
-
-
-async def until(pred: Any, timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not pred():
-            await anyio.sleep(0.002)
 
 
 # ======================================================================================
@@ -381,74 +356,3 @@ async def test_forged_cuda_releases_break_only_that_connection(fake) -> None:
                     await a.send(b"ping")
                     await anyio.sleep(0.01)
         del y
-
-
-# ======================================================================================
-# peer death
-
-
-def child_hold_cuda(end: PairEnd, n: int, ready: Any) -> None:
-    install()
-    with end.connect_sync(slots=GPU) as ch:
-        held = [ch.receive(timeout=20) for _ in range(n)]
-        ready.set()
-        time.sleep(60)
-        del held
-
-
-@pytest.mark.multiprocess
-def test_kill_consumer_with_cuda_slots_in_flight_returns_them(fake) -> None:
-    a, b = pair()
-    ready = SPAWN.Event()
-    with spawned(child_hold_cuda, b, 3, ready) as p:
-
-        async def main() -> None:
-            async with await a.connect(slots=GPU, spin_us=0) as ch:
-                for i in range(3):
-                    await ch.send(fake.tensor(torch.full((8192,), float(i))))
-                assert await anyio.to_thread.run_sync(ready.wait, 30)
-                assert cuda_in_use(ch) == 3
-                killed = time.perf_counter()
-                os.kill(p.pid, signal.SIGKILL)
-                with pytest.raises(BrokenResourceError):
-                    with anyio.fail_after(5):
-                        await ch.receive()
-                await until(lambda: ch._core.pool.cuda_pools[0].alloc.in_use() == 0)  # type: ignore[union-attr]
-                assert time.perf_counter() - killed < 1.0
-                stats = ch.statistics()
-                assert stats.cuda_slots_in_use == 0 and stats.slots_reclaimed == 3
-
-        anyio.run(main)
-
-
-def child_consume_cuda(end: PairEnd, n: int, out: Any) -> None:
-    fake = install()
-    with end.connect_sync(slots=GPU) as ch:
-        ok = True
-        for i in range(n):
-            t = ch.receive(timeout=20)
-            ok = ok and torch.equal(t, torch.full((8192,), float(i), dtype=torch.bfloat16))
-            del t
-        ch.receive(timeout=20)  # "bye": the producer has seen every release
-        out.put((ok, fake.pool_opens, fake.event_opens, fake.waits, fake.synchronized))
-
-
-@pytest.mark.multiprocess
-def test_across_processes_the_handle_is_opened_once(fake) -> None:
-    a, b = pair()
-    out = SPAWN.Queue()
-    with spawned(child_consume_cuda, b, 6, out):
-
-        async def main() -> Any:
-            async with await a.connect(slots=GPU) as ch:
-                for i in range(6):
-                    await ch.send(fake.tensor(torch.full((8192,), float(i), dtype=torch.bfloat16)))
-                await until(lambda: cuda_in_use(ch) == 0)
-                await ch.send("bye")
-                return await anyio.to_thread.run_sync(out.get, True, 30)
-
-        ok, opens, event_opens, waits, synced = anyio.run(main)
-    out.close()
-    out.join_thread()
-    assert ok and opens == 1 and waits == 6 and synced == 6
-    assert event_opens <= 3  # one per slot used (the pool has 3), cached after that

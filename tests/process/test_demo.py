@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = [pytest.mark.multiprocess]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: two up from tests/<folder>/
 
 
 def demo(*args: str) -> subprocess.Popen[str]:

@@ -238,7 +238,11 @@ async def test_forged_slot_reference_drops_only_that_connection(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ringwire")
     async with scene(tmp_path) as s:
-        assert s.good._core.pool is not None and s.bad._core.pool is not None and s.srv_bad._core.pool is not None
+        assert (
+            s.good._core.pool is not None
+            and s.bad._core.pool is not None
+            and s.srv_bad._core.pool is not None
+        )
         # honest traffic first: the good client's array is held by the listener
         held_x = np.arange(10_000.0)
         await s.good.send(held_x)
@@ -270,7 +274,9 @@ async def test_forged_slot_reference_drops_only_that_connection(
         elif forgery == "the listener's own pool":
             await s.srv_bad.send(np.ones(2048))  # the listener's pool lends a slot...
             mine = await s.bad.receive()
-            wire = _ref_to_slot(s.srv_bad._core.pool, 0, nbytes=16384, shape=(2048,))  # ...named back
+            wire = _ref_to_slot(
+                s.srv_bad._core.pool, 0, nbytes=16384, shape=(2048,)
+            )  # ...named back
             del mine
         elif forgery == "stale generation":
             wire = _ref_to_slot(bad_pool, nxt, generation=0, **v32k)
@@ -421,13 +427,13 @@ async def test_forged_cuda_reference_drops_only_that_connection(
     forgery: str, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Ext 5 against a consumer that does resolve CUDA references (the simulated CUDA
-    backend of tests/cuda_fake.py): a forged one is refused, only its connection is
-    dropped, and every GPU pool's statistics stay right.  (tests/test_cuda.py checks
-    the same refusals one by one on a pair.)"""
+    backend of tests/support/cuda_fake.py): a forged one is refused, only its connection
+    is dropped, and every GPU pool's statistics stay right.  (tests/unit/test_cuda.py
+    checks the same refusals one by one on a pair.)"""
     import gc
 
     import torch
-    from cuda_fake import install
+    from support.cuda_fake import install
 
     from ringwire._shm.cuda import cuda_pool_id, drop_idle_pools, set_cuda_backend
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import errno
-import multiprocessing as mp
 import os
 import stat
-import time
 
-import posix_ipc
 import pytest
 
 from ringwire._errors import RingwireError, SegmentError, SharedMemoryFull
 from ringwire._shm import segment as _segment
-from ringwire._shm.segment import SHM_DIR, Segment, pid_alive, sweep, unlink_segment
+from ringwire._shm.segment import SHM_DIR, Segment, sweep, unlink_segment
 from ringwire._wire.names import is_segment_name, name_pid, new_segment_name
 
 
@@ -151,55 +148,6 @@ def test_other_fallocate_error(monkeypatch):
     with pytest.raises(SegmentError):
         Segment.create(4096)
     assert set(os.listdir(SHM_DIR)) == before
-
-
-SPAWN_CTX = mp.get_context("spawn")
-
-
-def _exit_now() -> None:
-    pass
-
-
-def _dead_pid() -> int:
-    p = mp.get_context("spawn").Process(target=_exit_now)
-    p.start()
-    p.join()
-    return p.pid  # type: ignore[return-value]
-
-
-def test_sweep_removes_only_dead_creators():
-    dead = _dead_pid()
-    dead_name = f"/rw.{dead}.{'ab' * 6}"
-    live_name = f"/rw.{os.getpid()}.{'cd' * 6}"
-    foreign = "/rwx-not-ours"
-    made = []
-    try:
-        for name in (dead_name, live_name, foreign):
-            posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=4096).close_fd()
-            made.append(name)
-        removed = sweep()
-        assert dead_name in removed
-        assert not os.path.exists(shm_path(dead_name))
-        assert os.path.exists(shm_path(live_name))
-        assert os.path.exists(shm_path(foreign))
-    finally:
-        for name in made:
-            unlink_segment(name)
-
-
-def test_pid_alive_treats_zombies_as_dead():
-    p = SPAWN_CTX.Process(target=_exit_now)
-    p.start()
-    assert p.pid is not None
-    try:
-        deadline = time.monotonic() + 10
-        while pid_alive(p.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)  # exited but not reaped yet: a zombie
-        assert not pid_alive(p.pid)
-    finally:
-        p.join()
-    assert pid_alive(os.getpid())
-    assert not pid_alive(_dead_pid())
 
 
 def test_sweep_missing_dir(tmp_path):

@@ -115,7 +115,9 @@ class FakeCudaBackend:
         nbytes = t.numel() * t.element_size()
         memory.narrow(0, offset, nbytes).view(t.dtype).view(t.shape).copy_(t.detach())
 
-    def view(self, memory: Any, offset: int, nbytes: int, dtype: Any, shape: Any) -> tuple[Any, Any]:
+    def view(
+        self, memory: Any, offset: int, nbytes: int, dtype: Any, shape: Any
+    ) -> tuple[Any, Any]:
         mm = self._maps[memory.data_ptr()]
         base = np.frombuffer(mm, np.uint8, count=nbytes, offset=offset)
         return torch.from_numpy(base).view(dtype).view(tuple(shape)), base

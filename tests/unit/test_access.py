@@ -2,15 +2,13 @@
 
 * Every segment ringwire creates (rings, slot pools) and every listener socket is
   mode 0600, whatever the umask.
-* A process of another uid can neither connect nor attach: the file modes stop it
-  first (EACCES), and behind them the listener checks the peer's uid (SO_PEERCRED)
-  and ``Segment.attach`` the segment's owner and mode.  Shown with a real process of
-  uid 65534 (nobody); needs root, skipped otherwise.
 * Segment names carry 48 bits from ``secrets`` and pool ids 64: not guessable.
   ringwire makes no socket path of its own (``pair()`` is a socketpair; a listener's
   path is the caller's).
 * No pickle: not imported by ringwire, runtime, examples or the fuzz harness, and not
   called at run time while records, arrays and tensors cross a connection.
+
+A real process of another uid is in tests/process/test_access.py.
 """
 
 from __future__ import annotations
@@ -18,20 +16,13 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
-import errno
-import json
 import os
 import pathlib
 import pickle
 import re
-import select
-import shutil
-import signal
 import socket
 import stat
-import tempfile
 import threading
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +31,7 @@ import numpy as np
 import posix_ipc
 import pytest
 import torch
+from support.access import NOBODY, mode_of, root_only
 
 import ringwire
 from ringwire._conn.connect import connect, connect_sync
@@ -52,12 +44,8 @@ from ringwire._shm.sockets import bind_unix_socket
 from ringwire._wire.names import is_segment_name, new_segment_name
 from ringwire._wire.slotlayout import SlotClass, init_pool, pool_size
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-NOBODY = 65534
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository: two up from tests/<folder>/
 POOL = SlotConfig(classes=(SlotClass(64 << 10, 4),), threshold=1024, wait_timeout=10)
-root_only = pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root: it starts a process of another uid (nobody)"
-)
 
 
 @contextlib.contextmanager
@@ -67,10 +55,6 @@ def umask(mask: int) -> Iterator[None]:
         yield
     finally:
         os.umask(old)
-
-
-def mode_of(path: str) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
 
 
 # ---------------------------------------------------------------------- file modes
@@ -167,147 +151,6 @@ def test_attach_refuses_names_that_are_not_ringwire_segments() -> None:
     ):
         with pytest.raises(SegmentError, match="not a ringwire segment name"):
             Segment.attach(name, 4096)
-
-
-# ------------------------------------------------------------- a process of another uid
-
-
-def _child_checks(path: str, name: str, size: int) -> dict[str, Any]:
-    """What a process of uid nobody gets (runs in the forked child)."""
-    out: dict[str, Any] = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups()}
-
-    def err(exc: BaseException) -> str:
-        code = getattr(exc, "errno", None)
-        return (
-            type(exc).__name__
-            + (f" {errno.errorcode.get(code, code)}" if code else "")
-            + f": {exc}"
-        )
-
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-        s.settimeout(5)
-        out["raw_connect"] = "connected; then " + repr(s.recv(100))
-    except OSError as exc:
-        out["raw_connect"] = err(exc)
-    finally:
-        s.close()
-    try:
-        connect_sync(path, timeout=5, slots=None).close()
-        out["connect"] = "connected"
-    except Exception as exc:
-        out["connect"] = err(exc)
-    try:
-        posix_ipc.SharedMemory(name).close_fd()
-        out["shm_open"] = "opened"
-    except Exception as exc:
-        out["shm_open"] = err(exc)
-    try:
-        Segment.attach(name, size).close()
-        out["attach"] = "attached"
-    except SegmentError as exc:
-        out["attach"] = err(exc)
-    try:
-        os.close(os.open(SHM_DIR + name, os.O_RDWR))
-        out["open_rw"] = "opened"
-    except OSError as exc:
-        out["open_rw"] = err(exc)
-    return out
-
-
-def _as_nobody(path: str, seg: Segment) -> dict[str, Any]:
-    """Fork; the child drops to uid/gid 65534 with no groups, tries, reports on a pipe.
-
-    (A fork, not a new interpreter: this one may live where nobody cannot read it.)"""
-    r, w = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            result = _child_checks(path, seg.name, seg.size)
-        except BaseException as exc:
-            result = {"error": repr(exc)}
-        try:
-            os.write(w, json.dumps(result).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks = []
-    try:
-        while True:
-            ready, _, _ = select.select([r], [], [], 30)
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-                break
-            data = os.read(r, 65536)
-            if not data:
-                break
-            chunks.append(data)
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
-    result = json.loads(b"".join(chunks) or b"{}")
-    assert "error" not in result and result, result
-    return result
-
-
-@root_only
-@pytest.mark.multiprocess
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_another_uid_can_neither_connect_nor_attach(caplog: pytest.LogCaptureFixture) -> None:
-    """uid 65534 against a live listener and a live segment of ours.  With the modes
-    as ringwire sets them, the kernel refuses (EACCES); with the modes opened up by
-    hand, ringwire itself still refuses: the listener drops the socket at once (its peer
-    uid is not ours), and Segment.attach refuses a segment owned by someone else."""
-    # a directory nobody can traverse (pytest's and the session's are 0700), so that
-    # the socket's own mode is what is tested
-    d = tempfile.mkdtemp(prefix="rw-access-", dir="/tmp")
-    os.chmod(d, 0o711)
-    path = os.path.join(d, "l.sock")
-    seg = Segment.create(8192)
-    try:
-        async with listen(path, spin_us=0) as lst:
-            assert mode_of(path) == 0o600 and mode_of(SHM_DIR + seg.name) == 0o600
-            strict = await anyio.to_thread.run_sync(_as_nobody, path, seg)
-            assert strict["uid"] == NOBODY and strict["groups"] == []
-            assert "EACCES" in strict["raw_connect"], strict
-            assert "EACCES" in strict["connect"], strict
-            assert strict["shm_open"].startswith("PermissionsError"), strict
-            assert "no permission" in strict["attach"], strict
-            assert "EACCES" in strict["open_rw"], strict
-            assert lst.statistics().refused == 0  # the kernel stopped it first
-            # open the modes up by hand: the second line of defence
-            os.chmod(path, 0o666)
-            os.chmod(SHM_DIR + seg.name, 0o666)
-            caplog.set_level("WARNING", logger="ringwire")
-            loose = await anyio.to_thread.run_sync(_as_nobody, path, seg)
-            assert loose["raw_connect"] == "connected; then b''", loose  # closed at once
-            # the client checks the listener too: a root listener is not its uid
-            assert "PeerCredentialsError" in loose["connect"], loose
-            assert loose["shm_open"] == "opened" and loose["open_rw"] == "opened"  # the OS allows
-            assert f"belongs to uid {os.geteuid()}" in loose["attach"], loose  # ringwire does not
-            with anyio.fail_after(5):
-                while lst.statistics().refused < 2:
-                    await anyio.sleep(0.01)
-            assert lst.statistics().accepted == 0
-            why = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-            assert len(why) == 2 and all(f"uid {NOBODY}" in w for w in why), why
-            # and our own uid is still welcome
-            async with await connect(path, slots=None) as c:
-                conn = await lst.accept()
-                await c.send("me")
-                assert (await lst.receive())[1] == "me" and conn.peer_pid == os.getpid()
-    finally:
-        seg.unlink()
-        seg.close()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_sync_listener_refuses_another_uid_by_peer_credentials(
@@ -425,7 +268,7 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 
 def test_no_pickle_in_any_shipped_or_example_code() -> None:
-    """tests/test_package.py scans ringwire/ and runtime/; this adds examples/ and the
+    """tests/unit/test_package.py scans ringwire/ and runtime/; this adds examples/ and the
     fuzz harness (perf/ times multiprocessing.Queue, which pickles, on purpose)."""
     files = [
         p

@@ -1,0 +1,602 @@
+"""Chaos: kill -9 producers, consumers, listeners and runtime workers at random moments;
+SIGSTOP/SIGCONT a peer; fill /dev/shm.
+
+The kill rounds (victims, survivors, scenarios, the checks after each kill) are the
+harness in ``harness.py``; the victims and producers are ``workers.py``, run as scripts.
+The seed is printed; ``RINGWIRE_CHAOS_SEED=<seed>`` replays a run and
+``RINGWIRE_CHAOS_KILLS=<n>`` changes its length (``pytest --long`` runs 1000 kills).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import numpy as np
+import pytest
+
+import ringwire
+from chaos.harness import (
+    FULL_POOL,
+    HANG_S,
+    KiB,
+    run_chaos,
+    run_runtime_chaos,
+    shm_names_of,
+)
+from chaos.workers import CHAOS_SLOTS, Child, check_record, make_record
+from ringwire import BrokenResourceError
+
+TESTS = Path(__file__).resolve().parents[1]  # tests/, for scripts that import chaos.workers
+CI_KILLS = {"asyncio": 70, "trio": 40}  # plus the runtime workers' kills below
+LONG_KILLS = {"asyncio": 600, "trio": 400}
+
+pytestmark = [pytest.mark.multiprocess]
+
+
+def _kills(backend: str, long: bool) -> int:
+    env = os.environ.get("RINGWIRE_CHAOS_KILLS")
+    if env:
+        share = CI_KILLS[backend] / sum(CI_KILLS.values())
+        return max(1, round(int(env) * share))
+    return (LONG_KILLS if long else CI_KILLS)[backend]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_chaos_kills(tmp_path: Path, backend: str) -> None:
+    """Kill victims of every kind at random moments (asyncio run: survivors on asyncio
+    and on the blocking API; trio run: survivors on trio)."""
+    run_chaos(tmp_path, backend, _kills(backend, long=False))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_chaos_kills_long(tmp_path: Path, backend: str) -> None:
+    run_chaos(tmp_path, backend, _kills(backend, long=True))
+
+
+# ======================================================================================
+# runtime workers: kill -9 them while they serve, and while they start
+# ======================================================================================
+
+RUNTIME_CI_KILLS = 20
+RUNTIME_LONG_KILLS = 150
+
+
+@pytest.mark.timeout(300)
+def test_chaos_runtime_workers() -> None:
+    """Kill runtime workers while they serve and while they start: the front's channel
+    reports each death, the supervisor reclaims the slots, sweeps the names and restarts
+    the worker; requests are checked end to end per incarnation."""
+    env = os.environ.get("RINGWIRE_CHAOS_KILLS")
+    run_runtime_chaos(max(4, int(env) // 6) if env else RUNTIME_CI_KILLS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_chaos_runtime_workers_long() -> None:
+    run_runtime_chaos(RUNTIME_LONG_KILLS)
+
+
+# ======================================================================================
+# SIGSTOP / SIGCONT: the other side waits (bounded by its timeouts) and resumes
+# ======================================================================================
+
+
+def _stop_for(pid: int, seconds: float) -> threading.Thread:
+    """SIGSTOP ``pid`` now, SIGCONT it ``seconds`` later (from a thread)."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def cont() -> None:
+        time.sleep(seconds)
+        os.kill(pid, signal.SIGCONT)
+
+    t = threading.Thread(target=cont)
+    t.start()
+    return t
+
+
+STOP_S = 0.3
+POLL_S = 0.05
+
+
+@pytest.mark.parametrize("api", ["asyncio", "sync"])
+def test_sigstop_producer_consumer_waits_and_resumes(tmp_path: Path, api: str) -> None:
+    n, stop_at = 3000, 500
+    path = str(tmp_path / "p.sock")
+    cfg = {
+        "role": "producer",
+        "path": path,
+        "backend": "asyncio",
+        "salt": 7,
+        "count": n,
+        "capacity": 64 * KiB,
+    }
+    timeouts = 0
+    got = 0
+
+    def check(rec: Any) -> None:
+        nonlocal got
+        assert check_record(rec, got) is None, check_record(rec, got)
+        got += 1
+
+    if api == "sync":
+        with ringwire.SyncListener(path, slots=CHAOS_SLOTS) as sl, Child(cfg) as child:
+            with sl.accept(timeout=30) as ch:
+                while got < stop_at:
+                    check(ch.receive(timeout=HANG_S))
+                t = _stop_for(child.pid, STOP_S)
+                while got < n:
+                    try:
+                        check(ch.receive(timeout=POLL_S))
+                    except TimeoutError:
+                        timeouts += 1
+                t.join()
+                child.until("P sent_all")
+            assert child.finish() == 0, child.log
+    else:
+
+        async def main() -> None:
+            nonlocal timeouts
+            async with ringwire.listen(path, slots=CHAOS_SLOTS) as lst:
+                with Child(cfg) as child:
+                    async with await lst.accept() as ch:
+                        while got < stop_at:
+                            check(await ch.receive())
+                        t = _stop_for(child.pid, STOP_S)
+                        while got < n:
+                            with anyio.move_on_after(POLL_S) as scope:
+                                check(await ch.receive())
+                            timeouts += scope.cancelled_caught
+                        await anyio.to_thread.run_sync(t.join)
+                        await anyio.to_thread.run_sync(child.until, "P sent_all")
+                    assert await anyio.to_thread.run_sync(child.finish) == 0, child.log
+
+        anyio.run(main)
+    assert got == n
+    assert timeouts >= 2, "the receiver should have timed out while the producer was stopped"
+
+
+@pytest.mark.parametrize("api", ["asyncio", "sync"])
+def test_sigstop_consumer_producer_waits_and_resumes(tmp_path: Path, api: str) -> None:
+    n, stop_at = 3000, 500
+    path = str(tmp_path / "c.sock")
+    cfg = {
+        "role": "consumer",
+        "path": path,
+        "backend": "asyncio",
+        "salt": 11,
+        "capacity": 8 * KiB,
+        "ack_every": 100,
+    }
+    timeouts = 0
+
+    if api == "sync":
+        with ringwire.SyncListener(path, slots=CHAOS_SLOTS) as sl, Child(cfg) as child:
+            with sl.accept(timeout=30) as ch:
+                t = None
+                i = 0
+                while i < n:
+                    if i == stop_at:
+                        t = _stop_for(child.pid, STOP_S)
+                    try:
+                        ch.send(make_record(i, 11), timeout=POLL_S)  # ring or slots full
+                        i += 1
+                    except TimeoutError:
+                        timeouts += 1  # nothing was sent: the same record again
+                assert t is not None
+                t.join()
+                acked = 0
+                while acked < n:
+                    msg = ch.receive(timeout=HANG_S)
+                    assert msg[0] == "ack" and msg[1] == acked + 100, msg
+                    acked = msg[1]
+                deadline = time.monotonic() + HANG_S
+                while ch.statistics().slots_in_use and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                assert ch.statistics().slots_free == FULL_POOL
+            assert child.finish() == 0, child.log
+            assert json.loads(child.log[-1].split(" ", 1)[1]) == {"n": n}
+    else:
+
+        async def main() -> None:
+            nonlocal timeouts
+            async with ringwire.listen(path, slots=CHAOS_SLOTS) as lst:
+                with Child(cfg) as child:
+                    async with await lst.accept() as ch:
+                        t = None
+                        i = 0
+                        while i < n:
+                            if i == stop_at:
+                                t = _stop_for(child.pid, STOP_S)
+                            with anyio.move_on_after(POLL_S) as scope:
+                                await ch.send(make_record(i, 11))  # cancelled: nothing sent
+                                i += 1
+                            timeouts += scope.cancelled_caught
+                        assert t is not None
+                        await anyio.to_thread.run_sync(t.join)
+                        acked = 0
+                        while acked < n:
+                            msg = await ch.receive()
+                            assert msg[0] == "ack" and msg[1] == acked + 100, msg
+                            acked = msg[1]
+                        with anyio.fail_after(HANG_S):
+                            while ch.statistics().slots_in_use:
+                                await anyio.sleep(0.005)
+                        assert ch.statistics().slots_free == FULL_POOL
+                    assert await anyio.to_thread.run_sync(child.finish) == 0, child.log
+                    assert json.loads(child.log[-1].split(" ", 1)[1]) == {"n": n}
+
+        anyio.run(main)
+    assert timeouts >= 1, "the producer should have timed out while the consumer was stopped"
+
+
+def test_sigstopped_client_cannot_stall_the_listener(tmp_path: Path) -> None:
+    """A client frozen in its handshake costs the listener one handshake timeout in a
+    background task; other clients connect and are served meanwhile; nothing is left
+    once the frozen one is thawed and gone."""
+    path = str(tmp_path / "l.sock")
+    cfg = {"role": "consumer", "path": path, "backend": "asyncio", "salt": 3, "slots": "default"}
+    outcome = ""
+
+    async def main() -> None:
+        nonlocal outcome
+        async with ringwire.listen(path, slots=CHAOS_SLOTS, handshake_timeout=0.5) as lst:
+            with Child(cfg) as frozen:
+                await anyio.to_thread.run_sync(frozen.until, "P connecting")
+                await anyio.sleep(0.005)
+                os.kill(frozen.pid, signal.SIGSTOP)  # creating its 81 MiB pool, likely
+                theirs: list[ringwire.Channel] = []
+                try:
+                    t0 = time.monotonic()
+                    async with await ringwire.connect(path, slots=None) as other:
+                        conn = await lst.accept()
+                        while conn.peer_pid == frozen.pid:  # it finished before the stop
+                            theirs.append(conn)
+                            conn = await lst.accept()
+                        await other.send("hello")
+                        assert await conn.receive() == "hello"
+                        await conn.aclose()
+                    assert time.monotonic() - t0 < 0.45, "the listener was stalled"
+                    with anyio.move_on_after(2):
+                        while lst.statistics().refused < 1 and not theirs:
+                            await anyio.sleep(0.01)
+                    st = lst.statistics()
+                    outcome = (
+                        "timed out mid-handshake"
+                        if st.refused
+                        else "connected before the stop"
+                        if theirs
+                        else "stopped before connecting"
+                    )
+                finally:
+                    os.kill(frozen.pid, signal.SIGCONT)
+                # thawed: its handshake fails (exit 3), or it connects and we close it
+                with anyio.fail_after(15):
+                    while frozen.proc.poll() is None:
+                        for c in theirs:
+                            await c.aclose()
+                        theirs.clear()
+                        with anyio.move_on_after(0.05):
+                            c = await lst.accept()
+                            assert c.peer_pid == frozen.pid
+                            theirs.append(c)
+                code = await anyio.to_thread.run_sync(frozen.finish)
+                assert code in (0, 3), frozen.log
+            deadline = time.monotonic() + 5
+            while shm_names_of({frozen.pid}) and time.monotonic() < deadline:
+                await anyio.sleep(0.01)
+            assert not shm_names_of({frozen.pid}), (shm_names_of({frozen.pid}), frozen.log)
+
+    anyio.run(main)
+    print(f"frozen client: {outcome}")
+
+
+# ======================================================================================
+# /dev/shm full: a small private tmpfs over /dev/shm (mount namespace)
+# ======================================================================================
+
+SHM_FULL_SCRIPT = textwrap.dedent(
+    """
+    import errno, os, sys, threading, zlib
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    import ringwire
+    from ringwire import SharedMemoryFull, SlotClass, SlotConfig
+    from ringwire._shm.segment import Segment
+    from chaos.workers import CHAOS_SLOTS, check_record, make_record
+
+    SHM = "/dev/shm"
+    FILL = SHM + "/fill"
+
+    def pair(slots_a, slots_b, capacity=1 << 16):
+        a, b = ringwire.pair(capacity=capacity)
+        out, err = [], []
+        def other():
+            try:
+                out.append(b.connect_sync(slots=slots_b, timeout=10))
+            except BaseException as exc:
+                err.append(exc)
+        t = threading.Thread(target=other)
+        t.start()
+        try:
+            ca = a.connect_sync(slots=slots_a, timeout=10)
+        except BaseException:
+            t.join()
+            raise
+        t.join()
+        if err:
+            ca.close()
+            raise err[0]
+        return ca, out[0]
+
+    def exchange(a, b, n, salt):
+        got = 0
+        for i in range(n):
+            a.send(make_record(i, salt), timeout=10)
+            rec = b.receive(timeout=10)
+            assert check_record(rec, got) is None, check_record(rec, got)
+            got += 1
+            del rec
+        return got
+
+    def fill(leave):
+        st = os.statvfs(SHM)
+        free = st.f_bavail * st.f_frsize
+        fd = os.open(FILL, os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(4096, free - leave))
+        finally:
+            os.close(fd)
+
+    def names():
+        return sorted(n for n in os.listdir(SHM) if n != "fill")
+
+    assert os.statvfs(SHM).f_blocks * os.statvfs(SHM).f_frsize <= 64 << 20, "not our tmpfs"
+    checked = 0
+    # 1. a connection made while there is room keeps working when /dev/shm fills up
+    a, b = pair(CHAOS_SLOTS, CHAOS_SLOTS)
+    fill(0)
+    checked += exchange(a, b, 2000, 1)  # slots and inline arrays: reserved, no SIGBUS
+    checked += exchange(b, a, 500, 2)
+    # 2. new connections fail clearly, leave nothing behind
+    for slots in (CHAOS_SLOTS, None):
+        try:
+            pair(slots, None)
+        except SharedMemoryFull as exc:
+            assert SHM in str(exc) and "full" in str(exc), exc
+        else:
+            raise AssertionError("connected with /dev/shm full")
+    try:
+        Segment.create(1 << 20)
+    except SharedMemoryFull:
+        pass
+    else:
+        raise AssertionError("created a segment with /dev/shm full")
+    assert names() == [], names()
+    # 3. room for rings but not for a slot pool: the pool's size is named; slots=None
+    #    (every array inline) is the fallback the caller can take
+    os.unlink(FILL)
+    fill(1 << 20)
+    big = SlotConfig(classes=(SlotClass(1 << 20, 4),))
+    try:
+        pair(big, None)
+    except SharedMemoryFull as exc:
+        assert "tensor-slot pool (4 x 1 MiB)" in str(exc) and "slots=None" in str(exc), exc
+    else:
+        raise AssertionError("a 4 MiB pool fit in 1 MiB")
+    c, d = pair(None, None, capacity=1 << 17)
+    checked += exchange(c, d, 500, 3)  # arrays inline
+    c.close(); d.close()
+    assert names() == [], names()
+    # a listener whose own pool does not fit refuses with a clear reason
+    path = os.environ["TMPDIR"] + "/full.sock"
+    with ringwire.SyncListener(path, slots=big) as sl:
+        errors = []
+        def dial():
+            try:
+                ringwire.connect_sync(path, slots=None, capacity=1 << 14, timeout=5).close()
+            except ringwire.HandshakeError as exc:
+                errors.append(str(exc))
+        t = threading.Thread(target=dial)
+        t.start()
+        try:
+            sl.accept(timeout=2)
+        except TimeoutError:
+            pass
+        t.join()
+        assert errors and SHM in errors[0], errors
+    assert names() == [], names()
+    # 4. space returns: everything works again
+    os.unlink(FILL)
+    e, f = pair(SlotConfig(classes=(SlotClass(4 << 20, 2),), threshold=1024), CHAOS_SLOTS)
+    big_array = np.arange(4 << 20, dtype=np.uint8)
+    e.send(big_array, timeout=10)
+    assert zlib.crc32(f.receive(timeout=10)) == zlib.crc32(big_array)
+    checked += exchange(e, f, 500, 4) + 1
+    for ch in (a, b, e, f):
+        ch.close()
+    assert names() == [], names()
+    print("ok", checked, flush=True)
+    """
+)
+
+
+def _can_mount_private_tmpfs() -> str | None:
+    if not sys.platform.startswith("linux") or not shutil_which("unshare"):
+        return "needs Linux and unshare(1)"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return f"cannot mount a private tmpfs over /dev/shm here: {probe.stderr.strip()}"
+    return None
+
+
+def shutil_which(cmd: str) -> str | None:
+    import shutil
+
+    return shutil.which(cmd)
+
+
+def test_dev_shm_full_clear_errors_no_sigbus_and_recovery(tmp_path: Path) -> None:
+    """In a private mount namespace with a 16 MiB tmpfs on /dev/shm: a live connection
+    keeps working when it fills up (its memory was reserved), new connections fail with
+    SharedMemoryFull naming /dev/shm and leave no name behind, slots=None is the inline
+    fallback when rings fit but a pool does not, a listener refuses with the reason,
+    and everything works again once space returns."""
+    why = _can_mount_private_tmpfs()
+    if why:
+        pytest.skip(why)
+    script = tmp_path / "shm_full.py"
+    script.write_text(SHM_FULL_SCRIPT.format(tests=str(TESTS)))
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f'mount -t tmpfs -o size=16m,mode=1777 tmpfs /dev/shm && exec "{sys.executable}" "{script}"',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode} (-7 is SIGBUS)\n{proc.stdout}\n{proc.stderr}"
+    )
+    assert proc.stdout.startswith("ok"), proc.stdout + proc.stderr
+    print(f"/dev/shm full: {proc.stdout.split()[1]} records checked in the namespace")
+
+
+# ======================================================================================
+# regressions (fixed while writing this file)
+# ======================================================================================
+
+
+def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path) -> None:
+    """SyncListener, like Listener, removes the names a client created before it died
+    without sending its Hello (nobody else knows them)."""
+    path = str(tmp_path / "s.sock")
+    code = textwrap.dedent(
+        f"""
+        import os, socket
+        from ringwire._shm.segment import Segment
+        seg = Segment.create(8192)  # never announced, never unlinked
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect({path!r})
+        print(seg.name, flush=True)
+        os._exit(0)
+        """
+    )
+    with ringwire.SyncListener(path, slots=None) as sl:  # (its start-up sweep is before)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        name = proc.stdout.readline().strip()
+        assert os.path.exists("/dev/shm" + name)
+        with pytest.raises(TimeoutError):
+            sl.accept(timeout=1.0)  # refuses it, sweeps, waits on
+        assert sl.refused == 1
+        assert not os.path.exists("/dev/shm" + name)
+        proc.communicate()
+
+
+def _fabricate_stale_name() -> str:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    import posix_ipc
+
+    name = f"/rw.{p.pid}.{os.urandom(6).hex()}"
+    posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=4096).close_fd()
+    return name
+
+
+def test_listeners_sweep_names_of_dead_processes_when_they_start(tmp_path: Path) -> None:
+    """A listener restarted after being killed mid-handshake removes what the dead
+    process left (its pool, created before its Welcome, had no other owner)."""
+    name = _fabricate_stale_name()
+    with ringwire.SyncListener(str(tmp_path / "a.sock"), slots=None):
+        assert not os.path.exists("/dev/shm" + name)
+    name = _fabricate_stale_name()
+
+    async def main() -> None:
+        async with ringwire.listen(str(tmp_path / "b.sock"), slots=None):
+            assert not os.path.exists("/dev/shm" + name)
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("api", ["asyncio", "trio", "sync"])
+def test_a_sender_that_never_waits_learns_of_a_death_quickly(tmp_path: Path, api: str) -> None:
+    """The consumer dies while it is not parked (so no doorbell fails) and the ring has
+    room for thousands of records: a sender that only sends used to learn of it only
+    when the ring was full.  On asyncio the loop notices at once (slots come back with
+    no call at all); elsewhere a send peeks at the control socket every
+    ALIVE_EVERY records."""
+    from ringwire._conn.endpoint import ALIVE_EVERY
+
+    path = str(tmp_path / "q.sock")
+    cfg = {"role": "idle", "path": path, "backend": "asyncio", "salt": 5, "hold": 3}
+    big = np.ones(12_000, np.uint32)  # 48 KB: a slot
+
+    def after_death(ch: Any, sends_after: int) -> None:
+        assert sends_after <= ALIVE_EVERY + 1, f"{sends_after} sends succeeded after the death"
+        stats = ch.statistics()
+        assert stats.slots_in_use == 0 and stats.slots_free == FULL_POOL, stats
+
+    if api == "sync":
+        with ringwire.SyncListener(path, slots=CHAOS_SLOTS) as sl, Child(cfg) as child:
+            with sl.accept(timeout=30) as ch:
+                for i in range(3):
+                    ch.send([i, big], timeout=HANG_S)
+                child.until("P idle")
+                child.proc.kill()
+                child.proc.wait()
+                k = 0
+                with pytest.raises(BrokenResourceError):
+                    while k < 5000:
+                        ch.send(["after", k], timeout=HANG_S)
+                        k += 1
+                        time.sleep(0.003)
+                after_death(ch, k)
+        return
+
+    async def main() -> None:
+        async with ringwire.listen(path, slots=CHAOS_SLOTS) as lst:
+            with Child(cfg) as child:
+                async with await lst.accept() as ch:
+                    for i in range(3):
+                        await ch.send([i, big])
+                    await anyio.to_thread.run_sync(child.until, "P idle")
+                    assert ch._core.pool is not None and ch._core.pool.alloc.in_use() == 3
+                    child.proc.kill()
+                    await anyio.to_thread.run_sync(child.proc.wait)
+                    if api == "asyncio":
+                        with anyio.fail_after(1):
+                            while ch._core.pool.alloc.in_use():  # no call on the channel
+                                await anyio.sleep(0.001)
+                    k = 0
+                    with pytest.raises(BrokenResourceError):
+                        while k < 5000:
+                            await ch.send(["after", k])
+                            k += 1
+                            await anyio.sleep(0.003)
+                    if api == "asyncio":
+                        assert k == 0, k
+                    after_death(ch, k)
+
+    anyio.run(main, backend=api)

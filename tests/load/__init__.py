@@ -1,0 +1,2 @@
+"""Load: many producer processes into one consumer (the producers are
+tests/chaos/workers.py).  ``pytest tests/load``."""

@@ -1,0 +1,2 @@
+"""Tests that start processes (spawned children, subprocesses, forks): marked
+``multiprocess``.  ``pytest tests/process``."""

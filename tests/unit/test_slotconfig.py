@@ -1,0 +1,27 @@
+"""ringwire._shm.slotconfig: creating a slot pool where /dev/shm has no room."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from chaos.workers import CHAOS_SLOTS
+
+import ringwire
+
+
+def test_a_slot_pool_that_does_not_fit_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SharedMemoryFull for a slot pool names the pool and the remedies (it used to
+    advise smaller rings)."""
+    import errno
+
+    from ringwire._shm.slotconfig import create_pool
+
+    def full(fd: int, off: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(ringwire.SharedMemoryFull, match="/dev/shm") as info:
+        create_pool(CHAOS_SLOTS)
+    assert "tensor-slot pool (8 x 4 KiB, 4 x 64 KiB)" in str(info.value)
+    assert "slots=None" in str(info.value)
