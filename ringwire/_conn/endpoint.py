@@ -82,7 +82,7 @@ from .._shm.sendpool import Placed, SendPool
 from .._wire.codec import Decoder, Encoder
 from .._wire.control import DOORBELL_CLOSE, DOORBELL_DATA, DOORBELL_SPACE
 from .._wire.descriptors import CudaRef
-from .._wire.ring import fence
+from .._wire.ring import TAIL, fence
 from .statistics import ChannelStatistics
 from .transport import Transport
 
@@ -283,8 +283,14 @@ class Endpoint:
                     pool.reclaim()  # only takes back loans dropped since
             elif self.eof:
                 pool.reclaim()
-            elif pool.loan_returns or pool.reader.available():
-                self._poll_pool(pool)
+            else:  # pool.has_work(), inlined: this runs on every send and receive
+                lane = pool.reader
+                if (
+                    pool.loan_returns
+                    or lane.head != lane.tail_seen
+                    or lane.header[TAIL] != lane.head
+                ):
+                    self._poll_pool(pool)
 
     def _poll_pool(self, pool: SendPool) -> None:
         try:

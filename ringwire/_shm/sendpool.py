@@ -214,7 +214,9 @@ class SendPool:
         :meth:`abort` if the record is not published)."""
         placement = Placement()
         placement.pool = self
-        if policy in POLICIES:
+        if policy is None:
+            placement.policy = self.config.policy
+        elif policy in POLICIES:
             placement.policy = policy
         else:
             placement.policy = check_policy(policy) or self.config.policy

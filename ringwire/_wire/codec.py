@@ -203,8 +203,14 @@ class Encoder:
         endpoint, whose sends are serialised).  Raises what :meth:`encode` raises, and
         whatever the placer raises."""
         self._call_placer = placer  # (placers never encode: no call nests in another)
-        try:
-            return self.encode(obj)
+        try:  # encode(), inlined: this runs once per record on a channel with slots
+            if type(obj) not in self._atomic:
+                obj = self._lift_any(obj)
+            return self._msg.encode(obj)
+        except EncodeError:
+            raise
+        except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
+            raise EncodeError(str(exc)) from exc
         finally:
             self._call_placer = None  # drop the record's placement
 

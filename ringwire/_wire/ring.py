@@ -145,6 +145,7 @@ _WPARKED = 32
 _WCLOSED = 40
 _RCLOSED = 48
 RCLOSED = _RCLOSED  # index of the reader-closed flag in ``_Lane.header``
+TAIL = _TAIL  # index of the tail (bytes ever published) in ``_Lane.header``
 WCLOSED = _WCLOSED  # index of the writer-closed flag in ``_Lane.header``
 RING_MAGIC = b"RWRING"  # the first six bytes of every ring header
 
@@ -528,27 +529,31 @@ class RingReader(_Lane):
     the space back to the writer.  Decode every view before committing.
     """
 
-    __slots__ = ("_head", "_committed", "_tail_cache")
+    __slots__ = ("head", "_committed", "tail_seen")
+    # ``head``: this reader's private head (bytes read so far, committed or not);
+    # ``tail_seen``: the tail as last loaded.  Read-only for everyone else: a hot
+    # check can test ``head != tail_seen or header[TAIL] != head`` without a call
+    # (that is :meth:`available`).
     _OWN_PARKED, _PEER_PARKED, _OWN_CLOSED = _RPARKED, _WPARKED, _RCLOSED
 
     def __init__(self, buf: Any, offset: int = 0) -> None:
         super().__init__(buf, offset)
-        self._head = self._committed = self._q[_HEAD]
-        self._tail_cache = self._q[_TAIL]
+        self.head = self._committed = self._q[_HEAD]
+        self.tail_seen = self._q[_TAIL]
 
     def available(self) -> bool:
         """Is there an unread frame (published, and beyond the private head)?"""
-        return self._head != self._tail_cache or self._q[_TAIL] != self._head
+        return self.head != self.tail_seen or self._q[_TAIL] != self.head
 
     def _load_tail(self) -> int:
         tail = self._q[_TAIL]
-        if tail < self._tail_cache or tail - self._committed > self.capacity:
+        if tail < self.tail_seen or tail - self._committed > self.capacity:
             raise RingCorrupted(
                 f"tail {tail} out of range (head {self._committed}, capacity {self.capacity})"
             )
         if _WEAK_ORDER:
             fence()  # tail before payload
-        self._tail_cache = tail
+        self.tail_seen = tail
         return tail
 
     def next_frame(self) -> memoryview | None:
@@ -556,8 +561,8 @@ class RingReader(_Lane):
 
         The view is valid until :meth:`commit`; release it (or let it go) before then.
         """
-        head = self._head
-        tail = self._tail_cache
+        head = self.head
+        tail = self.tail_seen
         if head == tail:
             tail = self._q[_TAIL]
             if tail == head:
@@ -579,7 +584,7 @@ class RingReader(_Lane):
                 f"bad frame length {n} at ring offset {pos} ({tail - head} bytes "
                 f"published, at most {self.max_payload} per frame, none across the end)"
             )
-        self._head = head + need
+        self.head = head + need
         return self._data[pos + 4 : pos + 4 + n]
 
     def read_many(self, fn: Callable[[memoryview], Any], max_n: int, out: list[Any]) -> int:
@@ -591,8 +596,8 @@ class RingReader(_Lane):
         propagates (and an undecodable record counts as read, so the next call goes
         on after it).
         """
-        head = self._head
-        tail = self._tail_cache
+        head = self.head
+        tail = self.tail_seen
         mask = self._mask
         cap = self.capacity
         limit = self.max_payload
@@ -628,7 +633,7 @@ class RingReader(_Lane):
                 obj = fn(view)
             except Exception:
                 if not k:
-                    self._head = start + need  # the bad record is consumed
+                    self.head = start + need  # the bad record is consumed
                     raise
                 break
             finally:
@@ -636,26 +641,26 @@ class RingReader(_Lane):
             out.append(obj)
             k += 1
             nbytes += n
-            head = self._head = start + need
+            head = self.head = start + need
         return nbytes
 
     def mark(self) -> int:
         """The private head, to undo a :meth:`next_frame` with :meth:`reset`."""
-        return self._head
+        return self.head
 
     def reset(self, mark: int) -> None:
-        if not self._committed <= mark <= self._head:
+        if not self._committed <= mark <= self.head:
             raise ValueError("mark out of range")
-        self._head = mark
+        self.head = mark
 
     @property
     def pending(self) -> bool:
         """Frames were taken with :meth:`next_frame` but not committed."""
-        return self._head != self._committed
+        return self.head != self._committed
 
     def commit(self) -> None:
         """Hand the space of every frame taken so far back to the writer."""
-        head = self._head
+        head = self.head
         if head != self._committed:
             if _WEAK_ORDER:
                 fence()  # payload reads before handing the space back

@@ -1,0 +1,99 @@
+"""The package's layers, checked on its source: imports point one way (down), the wire
+format touches no OS interface, no module imports another module's private names, and
+no module is too long to read in a sitting."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PKG = ROOT / "ringwire"
+# what each layer may import from ringwire (beyond itself and ringwire._errors)
+ALLOWED = {
+    "_wire": set(),
+    "_shm": {"_wire"},
+    "_conn": {"_wire", "_shm"},
+}
+OS_MODULES = {"socket", "select", "mmap", "posix_ipc", "selectors", "asyncio", "anyio"}
+MAX_LINES = 800
+
+
+def modules() -> list[pathlib.Path]:
+    files = sorted(PKG.rglob("*.py")) + sorted((ROOT / "runtime").rglob("*.py"))
+    assert len(files) > 30
+    return files
+
+
+def imported(path: pathlib.Path) -> list[tuple[str, list[str]]]:
+    """``(absolute module, names)`` for every ``from X import names`` in ``path``."""
+    rel = path.relative_to(ROOT).with_suffix("").parts
+    if rel[0] == "runtime":
+        rel = ("ringwire", *rel)  # it installs as ringwire.runtime
+    package = rel[:-1] if rel[-1] != "__init__" else rel[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                mod = node.module or ""
+            out.append((mod, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names)
+    return out
+
+
+def layer_of(path: pathlib.Path) -> str | None:
+    parts = path.relative_to(PKG).parts if path.is_relative_to(PKG) else ()
+    return parts[0] if parts and parts[0] in ALLOWED else None
+
+
+def test_imports_point_down() -> None:
+    for path in modules():
+        layer = layer_of(path)
+        if layer is None:
+            continue
+        for mod, _ in imported(path):
+            parts = mod.split(".")
+            if parts[0] != "ringwire" or len(parts) < 2 or parts[1] in (layer, "_errors"):
+                continue
+            assert parts[1] in ALLOWED[layer], f"{path.relative_to(ROOT)} imports {mod}"
+
+
+def test_the_wire_format_touches_no_os_interface() -> None:
+    for path in (PKG / "_wire").rglob("*.py"):
+        for mod, _ in imported(path):
+            assert mod.split(".")[0] not in OS_MODULES, f"{path.name} imports {mod}"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    for path in modules():
+        for mod, names in imported(path):
+            if not mod.startswith("ringwire"):
+                continue
+            for name in names:
+                is_module = (ROOT / "runtime" / f"{name}.py").exists() or any(
+                    (PKG / d / f"{name}.py").exists() for d in ("", "_wire", "_shm", "_conn")
+                )
+                if name.startswith("_") and not name.startswith("__") and not is_module:
+                    raise AssertionError(f"{path.relative_to(ROOT)}: from {mod} import {name}")
+
+
+def test_every_exception_class_lives_in_the_errors_module() -> None:
+    for path in PKG.rglob("*.py"):
+        if path.name == "_errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b) for b in node.bases}
+                assert not any(b.endswith(("Error", "Exception")) for b in bases), (
+                    f"{path.relative_to(ROOT)}: class {node.name}({', '.join(bases)})"
+                )
+
+
+def test_every_module_fits_a_sitting() -> None:
+    for path in modules():
+        n = len(path.read_text().splitlines())
+        assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines"
