@@ -28,7 +28,8 @@ from anyio import ClosedResourceError, EndOfStream, WouldBlock
 from .._errors import NeedSlot
 from .._shm.slotconfig import check_policy, loan_spec
 from . import waits
-from .endpoint import EMPTY, UNSET, Endpoint, ReceiptBase, warn_held
+from .driving import ReceiptBase, warn_held
+from .endpoint import EMPTY, UNSET, Endpoint
 from .statistics import ChannelStatistics
 
 __all__ = ["AsyncWaker", "Channel", "Receipt"]
@@ -411,6 +412,16 @@ class Channel(anyio.abc.ObjectStream[Any]):
             raise StopAsyncIteration from None
 
     # -- closing ----------------------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """Close, telling the peer why: its sends, and its receives once it has read
+        what we published, raise ``BrokenResourceError`` carrying ``reason`` (a
+        listener does this when it drops a connection over an undecodable record).
+        Raises ``TypeError`` if ``reason`` is not a string."""
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+        self._core.abort(reason)
+        self.close()
 
     async def aclose(self) -> None:
         """Close: the peer receives what was sent, then ``EndOfStream``.  Tasks waiting

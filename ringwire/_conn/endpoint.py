@@ -92,8 +92,6 @@ __all__ = [
     "EMPTY",
     "UNSET",
     "Endpoint",
-    "ReceiptBase",
-    "warn_held",
 ]
 
 logger = logging.getLogger("ringwire")
@@ -147,6 +145,7 @@ class Endpoint:
         self.closed = False  # we closed it
         self.eof = False  # the transport reported the peer's hang-up
         self.broken: BaseException | None = None  # a protocol violation
+        self.peer_reason: str | None = None  # why the peer dropped the connection (abort)
         self.eof_sent = False
         self.tx_blocked = False  # closed, broken, hung up, or eof sent: sends go the slow way
         self.watched = False  # a driver watches the transport all the time (asyncio)
@@ -196,8 +195,17 @@ class Endpoint:
         if self.eof_sent:
             raise ClosedResourceError("send_eof() was called on this endpoint")
         if self.eof or self.tx.reader_closed:
+            if not self.eof:
+                self.drain()  # an abort comes before the closed flag: read its reason
+            if self.peer_reason is not None:
+                raise self._aborted()
             why = "closed its end" if self.tx.reader_closed else "is gone"
             raise BrokenResourceError(f"the peer (pid {self.peer_pid}) {why}")
+
+    def _aborted(self) -> BrokenResourceError:
+        return BrokenResourceError(
+            f"the peer (pid {self.peer_pid}) dropped the connection: {self.peer_reason}"
+        )
 
     def check_finished(self) -> None:
         """The lane is empty: raise if the peer will never publish again."""
@@ -205,10 +213,16 @@ class Endpoint:
         if rx.writer_closed:
             fence()
             if not rx.available():
+                if not self.eof:
+                    self.drain()  # an abort comes before the closed flag: read its reason
+                if self.peer_reason is not None:
+                    raise self._aborted()
                 raise EndOfStream
         elif self.eof:
             fence()
             if not rx.available():
+                if self.peer_reason is not None:
+                    raise self._aborted()
                 if rx.writer_closed:
                     raise EndOfStream
                 raise BrokenResourceError(
@@ -218,6 +232,15 @@ class Endpoint:
     def hang_up(self) -> None:
         self.eof = True
         self.tx_blocked = True
+        reason = self.transport.peer_reason
+        if reason is not None:
+            self.peer_reason = reason
+
+    def abort(self, reason: str) -> None:
+        """Tell the peer why we drop the connection (the caller closes right after):
+        its next operation raises ``BrokenResourceError`` carrying ``reason``."""
+        if not self.closed and self.broken is None:
+            self.transport.abort(reason)
 
     def break_(self, exc: BaseException) -> None:
         """A protocol violation: this connection is unusable; tell the peer."""
@@ -227,6 +250,7 @@ class Endpoint:
             logger.warning("ringwire connection to pid %s broken: %s", self.peer_pid, exc)
             if self.pool is not None:
                 self.pool.reclaim()  # nothing is sent on this connection any more
+            self.transport.abort(f"{type(exc).__name__}: {exc}")
             self.transport.shutdown()
 
     # -- doorbells and liveness -------------------------------------------------------
@@ -758,42 +782,3 @@ class Endpoint:
         if self.peer is not None:
             self.peer.unmap()  # stays mapped while received arrays are alive
         return int(held)
-
-
-def warn_held(owner: Any, held: int) -> None:
-    """``owner`` was closed while ``held`` received slot arrays are alive."""
-    warnings.warn(
-        f"{owner!r} closed while {held} received slot array(s) are alive: their "
-        "memory stays mapped until they die, but the peer will reuse the slots; "
-        "release them first, or keep ringwire.copy_out() copies",
-        ResourceWarning,
-        stacklevel=3,
-    )
-
-
-class ReceiptBase:
-    """What both receipts share: the slots of one sent record, and whether the peer
-    has released them all.  ``run`` is the driver's loop runner (its ``wait`` runs
-    :func:`ringwire._conn.waits.consumed`)."""
-
-    __slots__ = ("_core", "_pairs", "_run")
-
-    def __init__(self, core: Endpoint, pairs: Sequence[tuple[int, int]], run: Any = None) -> None:
-        self._core = core
-        self._pairs = tuple(pairs)
-        self._run = run
-
-    def __repr__(self) -> str:
-        state = "consumed" if self.consumed else "in flight"
-        return f"<{type(self).__name__} {len(self._pairs)} slot(s) {state}>"
-
-    @property
-    def slots(self) -> int:
-        """How many slots the record used."""
-        return len(self._pairs)
-
-    @property
-    def consumed(self) -> bool:
-        """Has the peer released every slot of the record?  (Also ``True`` once the
-        connection is gone: its slots came back to the pool then.)"""
-        return not self._pairs or self._core.consumed(self._pairs)

@@ -318,6 +318,7 @@ class Listener(_ListenerBase):
                 conn.core.peer_pid,
                 exc,
             )
+            conn.core.abort(f"{type(exc).__name__}: {exc}")  # the sender learns why
         conn.chan.close()
 
     def _read(self, conn: _Accepted, max_n: int) -> Any:

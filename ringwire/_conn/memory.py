@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import FrameTooLarge, ProtocolError
-from .._wire.control import DOORBELL_BYTES, PROTOCOL_VERSION
+from .._errors import FrameTooLarge
+from .._wire.control import PROTOCOL_VERSION, ControlReader, encode_abort
 
 __all__ = ["MemoryReader", "MemoryTransport", "MemoryWriter", "memory_pair"]
 
@@ -207,6 +207,7 @@ class MemoryTransport:
         self.inbox = bytearray()  # doorbell bytes the peer rang, not yet drained
         self.peer: MemoryTransport | None = None
         self.gone = False  # this end shut down (the peer sees the hang-up)
+        self._control = ControlReader()
 
     def fileno(self) -> int:
         raise io.UnsupportedOperation(
@@ -223,10 +224,17 @@ class MemoryTransport:
 
     def drain(self) -> bool:
         data, self.inbox[:] = bytes(self.inbox), b""
-        self.doorbells_received += len(data)
-        if data.strip(DOORBELL_BYTES):
-            raise ProtocolError(f"unexpected bytes on the control socket: {data[:16]!r}")
-        return self.hung_up()
+        self.doorbells_received += self._control.feed(data)
+        return self._control.reason is not None or self.hung_up()
+
+    @property
+    def peer_reason(self) -> str | None:
+        return self._control.reason
+
+    def abort(self, reason: str) -> None:
+        peer = self.peer
+        if not self.gone and peer is not None and not peer.gone:
+            peer.inbox += encode_abort(reason)
 
     def hung_up(self) -> bool:
         return self.peer is None or self.peer.gone

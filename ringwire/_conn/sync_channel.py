@@ -23,7 +23,8 @@ from anyio import EndOfStream, WouldBlock
 from .._errors import NeedSlot
 from .._shm.slotconfig import check_policy, loan_spec
 from . import waits
-from .endpoint import EMPTY, UNSET, Endpoint, ReceiptBase, warn_held
+from .driving import ReceiptBase, warn_held
+from .endpoint import EMPTY, UNSET, Endpoint
 from .statistics import ChannelStatistics
 
 __all__ = ["SyncChannel", "SyncReceipt", "SyncWaker"]
@@ -327,6 +328,13 @@ class SyncChannel:
                 return
 
     # -- closing ----------------------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """As :meth:`Channel.abort`: close, telling the peer why."""
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+        self._core.abort(reason)
+        self.close()
 
     def close(self) -> None:
         """Close: the peer receives what was sent, then ``EndOfStream``.  Threads

@@ -23,7 +23,10 @@ The endpoint's states, and what each operation does in them::
                  process closed or died)                                     set) or BrokenResourceError
     broken       a protocol violation: a corrupt        BrokenResourceError  BrokenResourceError
                  frame, garbage doorbell, forged        (cause attached)     (cause attached)
-                 release (we shut the transport down)
+                 release (we abort: the peer is told
+                 why; the transport is shut down)
+    aborted      the peer's abort arrived: it dropped   BrokenResourceError  the rest, then
+                 the connection and said why            (with the reason)    BrokenResourceError
     closed       close() / aclose()                     ClosedResourceError  ClosedResourceError
 
 A receiver that finds no frame checks, in that order: the peer's writer-closed flag
@@ -181,7 +184,17 @@ class Transport(Protocol):
 
     def drain(self) -> bool:
         """Consume every pending doorbell without waiting; ``True`` if the peer hung
-        up.  Raises :class:`~ringwire.ProtocolError` for anything but doorbells."""
+        up or aborted (then :attr:`peer_reason` says why).  Raises
+        :class:`~ringwire.ProtocolError` for anything but doorbells and one last abort."""
+
+    @property
+    def peer_reason(self) -> str | None:
+        """Why the peer dropped the connection, once its abort arrived (``None``: no
+        abort, or not yet read)."""
+
+    def abort(self, reason: str) -> None:
+        """Tell the peer why this end drops the connection (best effort, never
+        blocks; the caller closes right after)."""
 
     def hung_up(self) -> bool:
         """Has the peer hung up?  Never waits, consumes nothing."""

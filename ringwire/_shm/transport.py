@@ -17,8 +17,7 @@ import select
 import socket
 from typing import Any
 
-from .._errors import ProtocolError
-from .._wire.control import DOORBELL_BYTES, DOORBELL_SPACE
+from .._wire.control import DOORBELL_SPACE, ControlReader, encode_abort
 from .._wire.ring import RingReader, RingWriter
 from .._wire.slotlayout import PoolLayout
 from .recvpool import RecvPool
@@ -57,6 +56,7 @@ class ShmTransport:
         self.version = version
         self.doorbells_sent = self.doorbells_received = 0
         self._hangup_poll: Any = None
+        self._control = ControlReader()
         self.send_pool: SendPool | None = None
         self.recv_pool: RecvPool | None = None
         if own_pool is not None:
@@ -97,11 +97,21 @@ class ShmTransport:
                 return True
             if not data:
                 return True
-            self.doorbells_received += len(data)
-            if data.strip(DOORBELL_BYTES):
-                raise ProtocolError(f"unexpected bytes on the control socket: {data[:16]!r}")
+            self.doorbells_received += self._control.feed(data)
+            if self._control.reason is not None:
+                return True  # the peer dropped the connection (it closes right after)
             if len(data) < 512:
                 return False
+
+    @property
+    def peer_reason(self) -> str | None:
+        return self._control.reason
+
+    def abort(self, reason: str) -> None:
+        try:
+            self._sock.send(encode_abort(reason))
+        except OSError:
+            pass  # a full socket (the peer stopped reading) or a gone peer
 
     def hung_up(self) -> bool:
         # POLLRDHUP is seen even behind unread doorbell bytes (they stay for the

@@ -21,7 +21,11 @@ of a ``socketpair`` for :func:`ringwire.pair`).  It carries, in order:
 
 2. **Doorbell bytes**, one byte each, after the handshake: ``D`` (data was published
    in the ring you read), ``S`` (space was freed in the ring you write), ``C`` (I
-   closed my sending side).  Any of them only means "re-check the rings"; any other
+   closed my sending side).  Any of them only means "re-check the rings".  One more
+   message may come last: ``X`` + u16 big-endian length + that many bytes of UTF-8,
+   the *abort*: "I drop this connection, and this is why" (an undecodable record, a
+   forged reference, a missing torch...); the sender closes right after it, and the
+   reason reaches the peer's next operation as a ``BrokenResourceError``.  Any other
    byte is a protocol error.
 
 3. **Liveness**: end of file (or ``ECONNRESET``) means the peer is gone.  Whether it
@@ -37,11 +41,12 @@ from typing import Literal, Union
 
 import msgspec
 
-from .._errors import HandshakeError
+from .._errors import HandshakeError, ProtocolError
 from .names import is_segment_name
 from .ring import HEADER_SIZE, MAX_CAPACITY, validate_capacity
 
 __all__ = [
+    "ABORT",
     "DOORBELL_BYTES",
     "DOORBELL_CLOSE",
     "DOORBELL_DATA",
@@ -50,6 +55,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
     "Handshake",
+    "ControlReader",
     "Hello",
     "Message",
     "Ready",
@@ -57,6 +63,7 @@ __all__ = [
     "RingSpec",
     "SegmentSpec",
     "Welcome",
+    "encode_abort",
     "decode_message",
     "encode_message",
     "validate_hello",
@@ -71,6 +78,9 @@ DOORBELL_DATA = b"D"
 DOORBELL_SPACE = b"S"
 DOORBELL_CLOSE = b"C"
 DOORBELL_BYTES = b"DSC"
+ABORT = b"X"
+MAX_ABORT_REASON = 1024  # bytes of UTF-8 an abort carries at most (longer ones are cut)
+_ABORT_LEN = struct.Struct(">H")
 
 _LEN = struct.Struct(">I")
 
@@ -282,3 +292,60 @@ class Handshake:
         if self._eof:
             raise self._fail("the peer closed the connection during the handshake")
         return None
+
+
+# -- after the handshake: doorbells and the abort ---------------------------------------
+
+
+def encode_abort(reason: str) -> bytes:
+    """The abort message for ``reason`` (cut to :data:`MAX_ABORT_REASON` bytes)."""
+    raw = reason.encode("utf-8", "replace")[:MAX_ABORT_REASON]
+    raw = raw.decode("utf-8", "ignore").encode()  # no half character at the cut
+    return ABORT + _ABORT_LEN.pack(len(raw)) + raw
+
+
+class ControlReader:
+    """Parses what arrives on the control socket after the handshake: doorbell bytes
+    and, last, at most one abort.  Feed it the bytes as they come (an abort may arrive
+    split across reads); it keeps the tail of an unfinished abort.
+
+    :meth:`feed` returns how many doorbells the data held; :attr:`reason` is the
+    peer's abort reason once one arrived (``None`` until then).  Raises
+    :class:`ProtocolError` for any other byte, an abort that is not last, or a bad
+    length."""
+
+    __slots__ = ("_partial", "reason")
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self.reason: str | None = None
+
+    def feed(self, data: bytes) -> int:
+        if self._partial:
+            data, self._partial = self._partial + data, b""
+        elif not data.strip(DOORBELL_BYTES):
+            return len(data)  # the common case: doorbells only
+        if self.reason is not None:
+            raise ProtocolError(f"bytes after the peer's abort: {data[:16]!r}")
+        i = data.find(ABORT)
+        bells = data if i < 0 else data[:i]
+        if bells.strip(DOORBELL_BYTES):
+            raise ProtocolError(f"unexpected bytes on the control socket: {bells[:16]!r}")
+        if i < 0:
+            return len(bells)
+        rest = data[i + 1 :]
+        if len(rest) < _ABORT_LEN.size:
+            self._partial = data[i:]
+            return len(bells)
+        (n,) = _ABORT_LEN.unpack_from(rest)
+        if n > MAX_ABORT_REASON:
+            raise ProtocolError(f"an abort reason of {n} bytes (at most {MAX_ABORT_REASON})")
+        body = rest[_ABORT_LEN.size :]
+        if len(body) < n:
+            self._partial = data[i:]
+            return len(bells)
+        if len(body) > n:
+            raise ProtocolError(f"bytes after the peer's abort: {body[n : n + 16]!r}")
+        self.reason = body.decode("utf-8", "replace")
+        return len(bells)
+

@@ -664,7 +664,7 @@ async def test_lying_frames_break_only_that_connection(
             expect = "out of range"
         else:
             expect = "unexpected bytes on the control socket"
-        s.bad._core.transport._sock.send(b"X" if attack == "garbage doorbell" else b"D")
+        s.bad._core.transport._sock.send(b"?" if attack == "garbage doorbell" else b"D")
         reason = await until_dropped(s, caplog)
         assert expect in reason, reason
         cause = ProtocolError if attack == "garbage doorbell" else RingCorrupted
