@@ -24,7 +24,12 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1 << 18, help="float32s per array")
     args = parser.parse_args()
 
-    with ringwire.connect_sync(args.path) as chan:
+    try:
+        chan = ringwire.connect_sync(args.path)
+    except (OSError, ringwire.HandshakeError) as exc:  # no listener there, or it refused
+        print(f"producer: {exc}", file=sys.stderr)
+        return 2
+    with chan:
         for seq in range(args.n):
             x = chan.loan((args.size,), np.float32)  # writable, inside a slot
             x[:] = np.arange(args.size, dtype=np.float32) % 7 + seq

@@ -60,6 +60,7 @@ from ._wire.codec import Decoder, Encoder, decode, encode
 from ._wire.descriptors import CudaRef, SlotRef
 from ._wire.ext import ExtCode
 from ._wire.record import Record
+from ._wire.sglang import SGLangRecord, SGLangState
 from ._wire.slotlayout import SlotClass
 
 __version__ = "0.1.0"
@@ -89,6 +90,8 @@ __all__ = [
     "Receipt",
     "Record",
     "RingCorrupted",
+    "SGLangRecord",
+    "SGLangState",
     "RingwireError",
     "SegmentError",
     "SharedMemoryFull",

@@ -16,6 +16,10 @@ reads the segment's header through ``/proc/<pid>/map_files/<start>-<end>`` (allo
 root, or with ``CAP_CHECKPOINT_RESTORE``) or, failing that, ``/proc/<pid>/mem`` (allowed
 where ptrace is).  A segment that cannot be read is still listed, with its processes.
 Nothing is written and nothing is mapped: the reads are ``pread`` s of a few headers.
+A process whose ``maps`` cannot be read is named (pid, command, uid, why: the summary
+line, a table, ``"unreadable"`` in ``--json``), since a segment only it maps is missing
+from the report; one of another uid is not counted unless we are root (ringwire connects
+processes of one uid only, so it holds none of our segments).
 
 * A ring segment (magic ``RWRING``) holds a connection's two lanes: the first is
   written by the segment's creator (the connecting side), the second by its peer.
@@ -112,18 +116,29 @@ def _pids(proc: str) -> list[int]:
         return []
 
 
-def _mappings(proc: str, pids: Sequence[int]) -> tuple[list[Mapping], int]:
-    """Every ringwire mapping of every readable process; and how many were unreadable."""
+def _mappings(proc: str, pids: Sequence[int]) -> tuple[list[Mapping], list[dict[str, Any]]]:
+    """Every ringwire mapping of every readable process; and the processes whose maps
+    could not be read (pid, command name, uid, why): a segment only they map is missing
+    from the report.
+
+    A process of another uid is left out of the second list unless we are root: ringwire
+    connects processes of one uid only (the control socket's peer check, the segments'
+    owner check), so such a process holds no segment of ours, and one of its own uid's
+    we could not read anyway."""
     found: list[Mapping] = []
-    unreadable = 0
+    unreadable: list[dict[str, Any]] = []
+    me = os.geteuid()
     for pid in pids:
         try:
             with open(f"{proc}/{pid}/maps", encoding="utf-8", errors="replace") as f:
                 lines = [line for line in f if "/rw." in line]
         except FileNotFoundError:
             continue  # exited meanwhile
-        except OSError:
-            unreadable += 1
+        except OSError as exc:
+            uid = _uid(proc, pid)
+            if me == 0 or uid is None or uid == me:
+                why = exc.strerror or type(exc).__name__
+                unreadable.append({"pid": pid, "comm": _comm(proc, pid), "uid": uid, "error": why})
             continue
         for line in lines:
             mapping = parse_maps_line(pid, line)
@@ -138,6 +153,18 @@ def _comm(proc: str, pid: int) -> str | None:
             return f.read().strip()
     except OSError:
         return None
+
+
+def _uid(proc: str, pid: int) -> int | None:
+    """The effective uid of a process (``/proc/<pid>/status``, readable by anybody)."""
+    try:
+        with open(f"{proc}/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 Reader = Callable[[int, int], bytes]
@@ -385,7 +412,8 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
         "other_segments": others,
         "names": names,
         "processes": [processes[p] for p in sorted(processes)],
-        "unreadable_processes": unreadable,
+        "unreadable_processes": len(unreadable),
+        "unreadable": unreadable,
     }
 
 
@@ -503,12 +531,24 @@ def _sections(report: dict[str, Any]) -> list[Section]:
     out.append(
         (f"Names in {SHM_DIR}", ["NAME", "CREATOR", "SIZE", "KIND", "MAPPED BY", "STATE"], rows)
     )
+    if report["unreadable"]:
+        rows = [
+            [
+                str(u["pid"]),
+                u["comm"] or "?",
+                "?" if u["uid"] is None else str(u["uid"]),
+                u["error"],
+            ]
+            for u in report["unreadable"]
+        ]
+        title = "Processes not readable (a segment only they map is missing above)"
+        out.append((title, ["PID", "COMMAND", "UID", "WHY"], rows))
     return out
 
 
 def _summary(report: dict[str, Any]) -> str:
     def n(count: int, what: str) -> str:
-        return f"{count} {what}{'' if count == 1 else 's'}"
+        return f"{count} {what}{'' if count == 1 else 'es' if what.endswith('s') else 's'}"
 
     stale = sum(1 for x in report["names"] if x["stale"])
     text = (
@@ -516,8 +556,12 @@ def _summary(report: dict[str, Any]) -> str:
         f"{n(len(report['pools']), 'slot pool')}, "
         f"{n(len(report['names']), 'name')} in {SHM_DIR} ({stale} stale)"
     )
-    if report["unreadable_processes"]:
-        text += f"; {n(report['unreadable_processes'], 'process')} not readable (permission)"
+    unreadable = report["unreadable"]
+    if unreadable:
+        text += f"; {n(len(unreadable), 'process')} not readable"
+        if len(unreadable) <= 3:
+            who = (f"pid {u['pid']} {u['comm'] or ''}".rstrip() for u in unreadable)
+            text += f" ({', '.join(who)})"
     return text
 
 

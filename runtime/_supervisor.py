@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
+import os
 import signal
 import time
 import warnings
@@ -55,7 +55,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 import ringwire
 
-from . import _worker
+from . import _spawn, _worker
 from ._topology import (
     Restart,
     TopologyStopping,
@@ -192,7 +192,7 @@ class Topology:
         self._kill_timeout = float(kill_timeout)
         self._handle_signals = handle_signals
         self._on_event = on_event
-        self._mp = multiprocessing.get_context("spawn")
+        self._mp = _spawn.context()  # spawn, with a child's start-up data written first
         self._state = "new"
         self._stop_reason: str | None = None
         self._stop_started = False
@@ -441,6 +441,7 @@ class Topology:
             backend=spec.backend,
             backend_options=dict(spec.backend_options),
             fast_exit=spec.fast_exit,
+            supervisor_pid=os.getpid(),
         )
         front, back = ringwire.pair(capacity=spec.capacity)
         ctrl, child_ctrl = self._mp.Pipe(duplex=True)

@@ -14,16 +14,23 @@ The supervisor starts ``main(launch, end, ctrl)`` with the ``spawn`` start metho
 The control pipe (a ``multiprocessing`` pipe, msgpack messages, no pickle) carries
 ``ready`` / ``error`` to the supervisor and ``stop`` / ``cancel`` to the worker.  End of
 file on it means the supervisor is gone: the worker cancels its entry and exits, so a
-killed supervisor leaves no orphans.
+killed supervisor leaves no orphans.  A supervisor that dies while the worker starts
+(its handshake fails, ``ready`` meets a broken pipe) or runs (its channel breaks) is
+told apart from a real error -- the worker has been re-parented, or the supervisor's end
+of the control pipe hung up -- and the worker says so in one line on stderr, with no
+traceback, and exits with :data:`EXIT_ORPHANED`.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import importlib
 import os
+import select
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -95,6 +102,7 @@ class Launch:
     backend: str
     backend_options: dict[str, Any] = field(default_factory=dict)
     fast_exit: bool = True
+    supervisor_pid: int = 0  # the spawning process (0: take the parent at start-up)
 
 
 class WorkerContext:
@@ -125,6 +133,7 @@ class WorkerContext:
         options: dict[str, Any],
         stopping: anyio.Event,
         ctrl: Connection,
+        on_lost: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.incarnation = incarnation
@@ -132,6 +141,7 @@ class WorkerContext:
         self.options = options
         self.stopping = stopping
         self._ctrl = ctrl
+        self._on_lost = on_lost
         self._ready = False
 
     def __repr__(self) -> str:
@@ -143,15 +153,77 @@ class WorkerContext:
 
     def ready(self) -> None:
         """Tell the supervisor this worker is ready (idempotent).  Called for you before
-        the entry starts unless the worker was declared with ``ready="explicit"``."""
+        the entry starts unless the worker was declared with ``ready="explicit"``.  If
+        the supervisor is gone it does not raise: the entry is cancelled at its next
+        ``await`` and the worker exits (one line on stderr says why)."""
         if not self._ready:
             self._ready = True
-            send_msg(self._ctrl, kind="ready")
+            try:
+                send_msg(self._ctrl, kind="ready")
+            except OSError:  # the supervisor is gone: the entry is cancelled at its next await
+                if self._on_lost is None:
+                    raise
+                self._on_lost()
+
+
+# how long an error that a dying supervisor causes (a broken pipe, a failed handshake, a
+# broken channel) waits for the evidence that it did die: the kernel closes a killed
+# process's descriptors one by one, then re-parents its children
+_GONE_GRACE = 0.25
+_LOST_ERRORS = (
+    OSError,
+    EOFError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    ringwire.RingwireError,
+)
+
+
+def supervisor_gone(launch: Launch, ctrl: Connection) -> bool:
+    """Has the supervisor gone away?  This process was re-parented, or the supervisor's
+    end of the control pipe hung up (checked without reading a message)."""
+    if launch.supervisor_pid and os.getppid() != launch.supervisor_pid:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(ctrl.fileno(), select.POLLRDHUP)
+        return any(ev & (select.POLLHUP | select.POLLRDHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):  # closed: nobody can talk to us any more
+        return True
+
+
+def _is_lost(launch: Launch, ctrl: Connection, exc: BaseException | None) -> bool:
+    """Was this failure the supervisor's death?  Waits a moment for the evidence when
+    the error is one that its death causes (blocking: only on the way out)."""
+    deadline = time.monotonic() + (_GONE_GRACE if isinstance(exc, _LOST_ERRORS) else 0.0)
+    while True:
+        if supervisor_gone(launch, ctrl):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def _say_orphaned(launch: Launch) -> None:
+    """The one line an orphaned worker prints (instead of a traceback)."""
+    who = f"pid {launch.supervisor_pid}" if launch.supervisor_pid else "its parent"
+    line = (
+        f"ringwire worker {launch.name!r} (pid {os.getpid()}): the supervisor ({who}) is "
+        "gone; exiting\n"
+    )
+    try:  # one write: the lines of workers orphaned together do not interleave
+        sys.stderr.flush()
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except (OSError, ValueError):  # nobody reads our stderr any more either
+        pass
 
 
 def main(launch: Launch, end: ringwire.PairEnd, ctrl: Connection) -> None:
     """The worker process's target (spawned by the supervisor)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not launch.supervisor_pid:
+        launch = dataclasses.replace(launch, supervisor_pid=os.getppid())
     try:
         entry = resolve_entry(launch.entry)
         options = ringwire.decode(launch.options)
@@ -172,11 +244,16 @@ def main(launch: Launch, end: ringwire.PairEnd, ctrl: Connection) -> None:
             backend=launch.backend,
             backend_options=launch.backend_options or None,
         )
-    except BaseException:
-        _report(ctrl, launch, "crashed")
-        code = EXIT_START_FAILED
+    except BaseException as exc:
+        if _is_lost(launch, ctrl, exc):
+            code = EXIT_ORPHANED
+        else:
+            _report(ctrl, launch, "crashed")
+            code = EXIT_START_FAILED
     finally:
         end.close()
+    if code == EXIT_ORPHANED:
+        _say_orphaned(launch)
     if launch.fast_exit:
         _fast_exit(code)
     sys.exit(code)
@@ -221,21 +298,26 @@ async def _amain(
         chan = await end.connect(
             slots=launch.slots, spin_us=launch.spin_us, timeout=launch.connect_timeout
         )
-    except Exception:
+    except Exception as exc:
+        if _is_lost(launch, ctrl, exc):
+            return EXIT_ORPHANED  # killed during our start-up: nothing to report to
         _report(ctrl, launch, "could not connect its channel")
         return EXIT_START_FAILED
     entry_scope = anyio.CancelScope()
     orphaned = False
 
-    async def control() -> None:
+    def lost() -> None:
         nonlocal orphaned
+        orphaned = True  # the supervisor is gone: do not outlive it
+        entry_scope.cancel()
+
+    async def control() -> None:
         while True:
             await anyio.wait_readable(ctrl.fileno())
             try:
                 msg = recv_msg(ctrl)
             except (EOFError, OSError):
-                orphaned = True  # the supervisor is gone: do not outlive it
-                entry_scope.cancel()
+                lost()
                 return
             kind = msg.get("kind")
             if kind == "stop":
@@ -247,15 +329,20 @@ async def _amain(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(control)
-            ctx = WorkerContext(launch.name, launch.incarnation, chan, options, stopping, ctrl)
+            ctx = WorkerContext(
+                launch.name, launch.incarnation, chan, options, stopping, ctrl, on_lost=lost
+            )
             with entry_scope:
                 try:
                     if launch.auto_ready:
                         ctx.ready()
                     await entry(ctx)
-                except Exception:
-                    _report(ctrl, launch, "failed")
-                    code = EXIT_ENTRY_FAILED
+                except Exception as exc:
+                    if orphaned or _is_lost(launch, ctrl, exc):
+                        orphaned = True  # its channel broke because the supervisor died
+                    else:
+                        _report(ctrl, launch, "failed")
+                        code = EXIT_ENTRY_FAILED
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):

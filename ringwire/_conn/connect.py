@@ -30,6 +30,32 @@ def _client_socket(path: str | os.PathLike[str]) -> socket.socket:
     return sock
 
 
+def _no_listener(path: str | os.PathLike[str], exc: OSError) -> OSError:
+    """``exc`` from connecting to ``path``, said in terms of what was tried and what to
+    do; the same exception type (so ``except FileNotFoundError`` still works), with
+    the original chained."""
+    where = os.fspath(path)
+    if isinstance(exc, FileNotFoundError):
+        what = (
+            f"no ringwire listener at {where}: the socket file does not exist (start the "
+            "listener first, or check the path)"
+        )
+    elif isinstance(exc, ConnectionRefusedError):
+        what = (
+            f"no ringwire listener at {where}: nothing accepts connections there (a "
+            "listener that exited left its socket file, or the path is not a listening "
+            "socket); start the listener, or remove the stale file"
+        )
+    elif isinstance(exc, PermissionError):
+        what = (
+            f"cannot connect to the ringwire listener at {where}: permission denied "
+            "(its socket is 0600: run as the listener's user)"
+        )
+    else:
+        what = f"cannot connect to a ringwire listener at {where}: {exc.strerror or exc}"
+    return type(exc)(exc.errno, what)
+
+
 async def connect(
     path: str | os.PathLike[str],
     *,
@@ -43,9 +69,10 @@ async def connect(
 
     ``capacity`` is the data capacity of each ring lane (a power of two).  ``slots``
     configures this side's tensor-slot send pool (``None``: no pool, every array
-    travels inline).  Raises :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the
-    rings or the pool, :class:`HandshakeError` if the listener refuses,
-    ``TimeoutError`` after ``timeout``.
+    travels inline).  Raises ``FileNotFoundError`` / ``ConnectionRefusedError`` /
+    ``PermissionError`` (naming the path) when no listener can be reached there,
+    :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the rings or the pool,
+    :class:`HandshakeError` if the listener refuses, ``TimeoutError`` after ``timeout``.
     """
     validate_capacity(capacity)
     slots = resolve_config(slots)
@@ -58,6 +85,8 @@ async def connect(
                     break
                 except (BlockingIOError, InterruptedError):
                     await anyio.sleep(0.001)  # listener backlog full: retry
+                except OSError as exc:
+                    raise _no_listener(path, exc) from exc
             check_peer(sock)
             transport = await drive_async(client_handshake(capacity, slots), sock)
     except BaseException:
@@ -85,7 +114,9 @@ def connect_sync(
             try:
                 sock.connect(os.fspath(path))
                 break
-            except (BlockingIOError, InterruptedError):
+            except OSError as exc:
+                if not isinstance(exc, (BlockingIOError, InterruptedError)):
+                    raise _no_listener(path, exc) from exc
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"cannot connect to {path}: listener busy") from None
                 time.sleep(0.001)

@@ -83,7 +83,7 @@ from .._wire.codec import Decoder, Encoder
 from .._wire.control import DOORBELL_CLOSE, DOORBELL_DATA, DOORBELL_SPACE
 from .._wire.descriptors import CudaRef
 from .._wire.ring import TAIL, fence
-from .statistics import ChannelStatistics
+from .statistics import ChannelStatistics, channel_statistics
 from .transport import Transport
 
 __all__ = [
@@ -162,6 +162,7 @@ class Endpoint:
         # counters
         self.n_sent = self.n_recv = self.b_sent = self.b_recv = 0
         self.send_parks = self.recv_parks = self.slot_waits = 0
+        self.slot_wait_warned = False
         self._alive_checked = 0
 
     def __repr__(self) -> str:
@@ -284,8 +285,15 @@ class Endpoint:
         if now - self._alive_checked < _ALIVE_NS:
             return
         self._alive_checked = now
-        if self.transport.hung_up() and not self.closed:
-            self.hang_up()
+        self.notice_hang_up()
+
+    def notice_hang_up(self) -> None:
+        """Ask the transport, without waiting, whether the peer hung up, and if so read
+        what it left (its abort, if any) and reclaim: so an endpoint that is not waiting
+        -- a sender that never waits, ``statistics()``, a receipt -- sees a peer that
+        closed or died."""
+        if not self.eof and not self.closed and self.transport.hung_up():
+            self.drain()
 
     # -- slots: safe points, encoding with placement -----------------------------------
 
@@ -429,6 +437,29 @@ class Endpoint:
         t = pool.config.wait_timeout if pool is not None else None
         return None if t is None else time.monotonic() + t
 
+    def warn_slow_slot_wait(self, nbytes: int | CudaNeed, waited: float) -> None:
+        """A send has waited ``waited`` seconds for a slot: say so, once per connection,
+        with what holds the pool."""
+        pool = self.pool
+        if self.slot_wait_warned or pool is None:
+            return
+        self.slot_wait_warned = True
+        held = pool.statistics()["slots_in_use"]
+        timeout = pool.config.wait_timeout
+        logger.warning(
+            "ringwire: a send to pid %s has waited %.1f s for a free slot of %s bytes: "
+            "the pool (%s) has %d slot(s) held by the peer, %d loan(s) out here; the peer "
+            "keeps received arrays alive (release them, or keep ringwire.copy_out() "
+            "copies), or configure more slots; the send gives up after %s",
+            self.peer_pid,
+            waited,
+            nbytes,
+            pool.config.describe(),
+            held - len(pool.loans),
+            len(pool.loans),
+            "ever (wait_timeout=None)" if timeout is None else f"{timeout:g} s",
+        )
+
     def slot_timeout(self, nbytes: int | CudaNeed) -> SlotsExhausted:
         pool = self.pool
         assert pool is not None
@@ -442,6 +473,7 @@ class Endpoint:
         pool = self.pool
         assert pool is not None
         if not self.closed:
+            self.notice_hang_up()
             self.slot_safe_point()
         return pool.consumed(pairs)
 
@@ -701,44 +733,7 @@ class Endpoint:
     # -- statistics -------------------------------------------------------------------
 
     def statistics(self) -> ChannelStatistics:
-        if self.closed:
-            tx_fill = rx_fill = 0
-        else:
-            tx_fill = self.tx.used()
-            rx_fill = self.rx.fill()
-        t = self.transport
-        return ChannelStatistics(
-            records_sent=self.n_sent,
-            records_received=self.n_recv,
-            bytes_sent=self.b_sent,
-            bytes_received=self.b_recv,
-            send_capacity=self.tx.capacity,
-            send_fill=tx_fill,
-            receive_capacity=self.rx.capacity,
-            receive_fill=rx_fill,
-            send_parks=self.send_parks,
-            receive_parks=self.recv_parks,
-            doorbells_sent=t.doorbells_sent,
-            doorbells_received=t.doorbells_received,
-            **self._slot_statistics(),
-        )
-
-    def _slot_statistics(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        pool = self.pool
-        if pool is not None:
-            if not self.closed:
-                self.slot_safe_point()
-            out.update(pool.statistics())
-            out["slots_reclaimed"] = pool.reclaimed
-        peer = self.peer
-        if peer is not None:
-            out["slot_arrays_received"] = peer.received
-            out["slot_arrays_held"] = len(peer.held)
-            out["releases_pending"] = len(peer.queue)
-            out["cuda_tensors_received"] = peer.cuda_received
-            out["cuda_pools_opened"] = peer.cuda_opens
-        return out
+        return channel_statistics(self)
 
     # -- closing ----------------------------------------------------------------------
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ChannelStatistics", "ListenerStatistics"]
+if TYPE_CHECKING:
+    from .endpoint import Endpoint
+
+__all__ = ["ChannelStatistics", "ListenerStatistics", "channel_statistics"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +57,47 @@ class ListenerStatistics:
     refused: int
     broken: int
     ended: int
+
+
+def channel_statistics(core: Endpoint) -> ChannelStatistics:
+    """What :meth:`Endpoint.statistics` returns: a snapshot of ``core``'s counters."""
+    if core.closed:
+        tx_fill = rx_fill = 0
+    else:
+        tx_fill = core.tx.used()
+        rx_fill = core.rx.fill()
+    t = core.transport
+    return ChannelStatistics(
+        records_sent=core.n_sent,
+        records_received=core.n_recv,
+        bytes_sent=core.b_sent,
+        bytes_received=core.b_recv,
+        send_capacity=core.tx.capacity,
+        send_fill=tx_fill,
+        receive_capacity=core.rx.capacity,
+        receive_fill=rx_fill,
+        send_parks=core.send_parks,
+        receive_parks=core.recv_parks,
+        doorbells_sent=t.doorbells_sent,
+        doorbells_received=t.doorbells_received,
+        **_slot_statistics(core),
+    )
+
+
+def _slot_statistics(core: Endpoint) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    pool = core.pool
+    if pool is not None:
+        if not core.closed:
+            core.notice_hang_up()  # a gone peer's slots are free, not "in use"
+            core.slot_safe_point()
+        out.update(pool.statistics())
+        out["slots_reclaimed"] = pool.reclaimed
+    peer = core.peer
+    if peer is not None:
+        out["slot_arrays_received"] = peer.received
+        out["slot_arrays_held"] = len(peer.held)
+        out["releases_pending"] = len(peer.queue)
+        out["cuda_tensors_received"] = peer.cuda_received
+        out["cuda_pools_opened"] = peer.cuda_opens
+    return out

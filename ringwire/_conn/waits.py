@@ -59,6 +59,7 @@ __all__ = [
 
 T = TypeVar("T")
 LOAN_TICK = 0.05  # a sender waiting for a slot re-checks this often while loans are out
+SLOW_SLOT_WAIT = 1.0  # a slot wait longer than this logs a warning (once per connection)
 
 
 class Wait(NamedTuple):
@@ -173,10 +174,15 @@ def slot(
 ) -> Loop[None]:
     """Until a slot for ``nbytes`` (an ``int``, or a ``CudaNeed``) is free."""
     pool = core.require_pool()
+    started: float | None = None
     while not core.check_slot_wait(nbytes):
         if core.spin(core.slot_wait_ready, nbytes):
             continue
         now = time.monotonic()
+        if started is None:
+            started = now
+        elif now - started > SLOW_SLOT_WAIT:
+            core.warn_slow_slot_wait(nbytes, now - started)
         if slot_deadline is not None and now >= slot_deadline:
             raise core.slot_timeout(nbytes)
         until = math.inf
@@ -185,6 +191,8 @@ def slot(
                 until = min(until, limit)
         if pool.loans:
             until = min(until, now + LOAN_TICK)  # a dropped loan rings no doorbell
+        if started + SLOW_SLOT_WAIT > now and not core.slot_wait_warned:
+            until = min(until, started + SLOW_SLOT_WAIT + 0.001)  # to warn on time
         yield from _park(
             core,
             _SLOTS,

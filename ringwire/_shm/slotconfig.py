@@ -94,10 +94,16 @@ class SlotConfig:
     ``threshold``
         arrays of at least this many bytes travel through a slot; smaller ones inline.
     ``policy``
-        when no slot is free: ``"wait"`` for a release (``wait_timeout`` seconds at
-        most, ``None`` = forever; async waits are also cancellable), ``"inline"`` send
-        it inline instead, ``"error"`` raise :class:`SlotsExhausted`.  A send can
-        override it (``send(item, slot_policy=...)``).
+        when no slot is free: ``"wait"`` for a release, ``"inline"`` send it inline
+        instead, ``"error"`` raise :class:`SlotsExhausted`.  A send can override it
+        (``send(item, slot_policy=...)``).
+    ``wait_timeout``
+        policy ``"wait"`` waits at most this many seconds (default 30; ``None`` =
+        forever; async waits are also cancellable), then raises
+        :class:`SlotsExhausted`.  A wait longer than a second logs one warning per
+        connection naming the pool and how many of its slots the peer holds: a
+        receiver that keeps every array it got (a list of received tensors) starves
+        the sender, and should release them or keep ``copy_out()`` copies.
     ``copy_out``
         the *receiving* side's choice: copy every received slot array into private
         memory and release the slot at once (no finalizers; arrays are writable).
@@ -121,7 +127,7 @@ class SlotConfig:
     threshold: int = 64 * _KiB
     policy: Policy = "wait"
     copy_out: bool = False
-    wait_timeout: float | None = None
+    wait_timeout: float | None = 30.0
     cuda: Literal["ipc", "stage"] = "ipc"
     cuda_threshold: int = 64 * _KiB
     cuda_classes: tuple[SlotClass, ...] = (

@@ -1,7 +1,9 @@
 """The wire format, with no I/O: everything here is testable on a ``bytearray``.
 
-``codec`` (Encoder / Decoder) and ``ext`` (the Ext table), ``record`` (the Record
-base), ``dtypes`` (the dtype allow-lists), ``descriptors`` (Ext 4 / 5 references),
+``codec`` (Encoder / Decoder) and ``ext`` (the Ext table), ``lift`` (the pass that
+lifts typed leaves out of untyped positions), ``leaves`` (sets, dates, UUIDs,
+decimals: Ext 12-19), ``sglang`` (the codec profile that speaks SGLang's dialect),
+``record`` (the Record base), ``dtypes`` (the dtype allow-lists), ``descriptors`` (Ext 4 / 5 references),
 ``ring`` (SPSC ring lanes over any buffer: frames, fences, the eventcount),
 ``slotlayout`` (slot pools over any buffer: states, generations), ``control`` (the
 control socket's messages and the sans-I/O handshake state machine, doorbell bytes),

@@ -7,11 +7,17 @@ Encoding is ``msgspec.msgpack`` plus two things msgspec cannot do alone:
 * an ``enc_hook`` for values msgspec does not know (arrays, tensors, dtypes, numpy
   scalars, descriptors), each becoming one Ext from the table in :mod:`._ext`;
 * a *lift* pass for values msgspec encodes natively but loses the type of: ``tuple``
-  and ``torch.Size`` become msgpack arrays, so inside *untyped* positions (anything
-  annotated ``object``/``Any``, and everything outside a Struct) they are turned into
-  Ext 6/7 before msgspec sees them.  Typed positions (``List[Tuple[int, int]]``) are
-  left alone: the typed decoder restores them.  The plan of what to lift is computed
-  once per Struct class, so a record with only typed fields costs nothing.
+  and ``torch.Size`` become msgpack arrays, ``set`` and ``frozenset`` too, and
+  ``datetime``/``date``/``time``/``timedelta``/``UUID``/``Decimal`` strings, so inside
+  *untyped* positions (anything annotated ``object``/``Any``, and everything outside a
+  Struct) they are turned into Ext 6/7 and 12-19 (:mod:`.leaves`) before msgspec sees
+  them.  Typed positions (``List[Tuple[int, int]]``) are left alone: the typed decoder
+  restores them.  The plan of what to lift is computed once per Struct class, so a
+  record with only typed fields costs nothing; any other type found to hold nothing to
+  lift is remembered and skipped at once afterwards.
+
+``Encoder(profile="sglang")`` / ``Decoder(profile="sglang")`` speak SGLang's own
+``msgpack_utils`` dialect instead (:mod:`.sglang`).
 
 Arrays and tensors use the buffer layout ``[u32 BE metadata length][msgpack
 metadata][raw C-contiguous bytes]`` (byte-compatible with SGLang's ``msgpack_utils``):
@@ -35,8 +41,7 @@ import array
 import math
 import re
 import struct
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -54,6 +59,8 @@ from .dtypes import (
     torch_loaded,
     torch_module,
 )
+from .leaves import LEAF_ENCODERS, leaf_decoders, leaf_encoder
+from .lift import ATOMIC, map_dict, map_list, struct_plan
 
 __all__ = ["Encoder", "Decoder", "encode", "decode"]
 
@@ -64,8 +71,6 @@ _MAX_INLINE = 0xFFFFFFFF  # msgpack ext32 limit
 _MAX_DIM = 2**48
 _ARRAY_TYPECODES = frozenset("bBhHiIlLqQfd")
 _DEVICE_RE = re.compile(r"(cpu|cuda|mps|xpu|meta)(?::(\d{1,4}))?")
-# Types whose values never hold a tuple: the lift pass returns them at once.
-_ATOMIC: set[type] = {int, float, str, bytes, bool, type(None), bytearray, memoryview, np.ndarray}
 _SMALL_PAYLOAD = 64 * 1024
 _UNSIZED = frozenset({"<U0", ">U0", "|S0"})  # as Ext 10 only: arrays and scalars need a size
 
@@ -73,7 +78,9 @@ _meta_encoder = msgspec.msgpack.Encoder()
 _meta_decoder = msgspec.msgpack.Decoder()
 
 Placer = Callable[[Any], "SlotRef | CudaRef | None"]
-Resolver = Callable[["SlotRef | CudaRef"], Any]
+# called with a SlotRef / CudaRef (an SGLangState in the SGLang profile)
+Resolver = Callable[[Any], Any]
+Profile = Literal["ringwire", "sglang"]
 
 
 # --------------------------------------------------------------------------- encoding
@@ -99,6 +106,17 @@ def _pack_buffer(code: int, metadata: object, arr: np.ndarray[Any, Any]) -> Ext:
     dst = payload[start:].view(arr.dtype) if arr.dtype.itemsize else payload[start:]
     dst.reshape(arr.shape)[...] = arr  # also makes a non-contiguous source contiguous
     return Ext(code, payload.data)
+
+
+def _base_ndarray(arr: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """An ndarray subclass as a plain ndarray; a masked array is refused (its mask
+    would be lost)."""
+    if isinstance(arr, np.ma.MaskedArray):
+        raise EncodeError(
+            "a numpy masked array cannot be sent: its mask would be lost; send "
+            "arr.data and np.ma.getmaskarray(arr) as two arrays"
+        )
+    return arr.view(np.ndarray)
 
 
 def _encode_ndarray(arr: np.ndarray[Any, Any]) -> Ext:
@@ -162,16 +180,32 @@ class Encoder:
         Called, as in msgspec, for any other type ringwire does not know; it must
         return something encodable.
 
+    profile:
+        ``"ringwire"`` (default) or ``"sglang"``: write what SGLang's own
+        ``msgpack_utils`` writes (see :mod:`ringwire._wire.sglang`; it takes no placer).
+
     Raises :class:`~ringwire.EncodeError` for values that cannot be sent (object or
     structured dtypes, unsupported types, integers beyond 64 bits, payloads over 4 GiB).
     Instances are safe to share between threads.
     """
+
+    profile: Profile = "ringwire"
+
+    def __new__(cls, *, profile: Profile = "ringwire", **_: Any) -> Encoder:
+        if profile == cls.profile:
+            return super().__new__(cls)
+        if profile == "sglang" and cls is Encoder:
+            from .sglang import SGLangEncoder
+
+            return super().__new__(SGLangEncoder)
+        raise ValueError(f"{cls.__name__} has no profile {profile!r}")
 
     def __init__(
         self,
         *,
         placer: Placer | None = None,
         enc_hook: Callable[[Any], Any] | None = None,
+        profile: Profile = "ringwire",
     ) -> None:
         self._placer = placer
         self._call_placer: Placer | None = None  # the placer of the encode() in progress
@@ -180,7 +214,7 @@ class Encoder:
         self._plans: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
         # types the lift pass returns unchanged: the universal ones, plus every Struct
         # class found to have no untyped position (so encoding it costs one set lookup)
-        self._atomic: set[type] = set(_ATOMIC)
+        self._atomic: set[type] = set(ATOMIC)
 
     # -- public API -----------------------------------------------------------------
 
@@ -230,6 +264,8 @@ class Encoder:
 
     def _hook(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
+            if type(obj) is not np.ndarray:
+                obj = _base_ndarray(obj)
             return self._place(obj) or _encode_ndarray(obj)
         if isinstance(obj, np.generic):
             return _encode_numpy_scalar(obj)
@@ -271,28 +307,54 @@ class Encoder:
         if t in self._atomic:
             return v
         if t is list:
-            return _map_list(self._lift_any, v)
+            return map_list(self._lift_any, v)
         if t is dict:
-            return _map_dict(self._lift_any, v)
+            return map_dict(self._lift_any, v)
         if t is tuple:
             return Ext(X.TUPLE, self._msg.encode([self._lift_any(x) for x in v]))
         if t is SlotRef or t is CudaRef:  # msgspec would write these as plain arrays
             return self._hook(v)
         if isinstance(v, msgspec.Struct):
             return self._lift_struct(v)
+        if t is set or t is frozenset:
+            return self._lift_set(v, X.SET if t is set else X.FROZENSET)
+        leaf = LEAF_ENCODERS.get(t)
+        if leaf is not None:
+            return leaf(v)
         if torch_loaded():
             torch = torch_module()
             if t is torch.Size:
                 return Ext(X.TORCH_SIZE, self._msg.encode(list(v)))
             if t is torch.Tensor:
-                _ATOMIC.add(t)  # from now on skipped without a lookup
+                ATOMIC.add(t)  # from now on skipped without a lookup
+                return v
+        return self._lift_other(v, t)
+
+    def _lift_set(self, v: set[Any] | frozenset[Any], code: int) -> Ext:
+        return Ext(code, self._msg.encode([self._lift_any(x) for x in v]))
+
+    def _lift_other(self, v: Any, t: type) -> Any:
+        """Subclasses of the types above (a NamedTuple is sent as a tuple, an
+        OrderedDict as a dict, ...), else a type with nothing to lift: remembered."""
+        if isinstance(v, tuple):
+            return Ext(X.TUPLE, self._msg.encode([self._lift_any(x) for x in v]))
+        if isinstance(v, list):
+            return map_list(self._lift_any, v)
+        if isinstance(v, dict):
+            return map_dict(self._lift_any, v)
+        if isinstance(v, (set, frozenset)):
+            return self._lift_set(v, X.SET if isinstance(v, set) else X.FROZENSET)
+        leaf = leaf_encoder(t)
+        if leaf is not None:
+            return leaf(v)
+        self._atomic.add(t)  # no value of this type holds anything to lift
         return v
 
     def _lift_struct(self, v: msgspec.Struct) -> Any:
         cls = type(v)
         plan = self._plans.get(cls)
         if plan is None:
-            plan = self._plans[cls] = _struct_plan(cls, self._lift_any, self._lift_struct)
+            plan = self._plans[cls] = struct_plan(cls, self._lift_any, self._lift_struct)
             if not plan:
                 self._atomic.add(cls)
         if not plan:
@@ -308,108 +370,6 @@ class Encoder:
         if changes is None:
             return v
         return msgspec.structs.replace(v, **changes)
-
-
-def _map_list(fn: Callable[[Any], Any], v: list[Any]) -> list[Any]:
-    """``[fn(x) for x in v]``, but ``v`` itself when nothing changed (no allocation)."""
-    out = None
-    for i, x in enumerate(v):
-        if type(x) in _ATOMIC:
-            continue
-        y = fn(x)
-        if y is not x:
-            if out is None:
-                out = list(v)
-            out[i] = y
-    return v if out is None else out
-
-
-def _map_dict(fn: Callable[[Any], Any], v: dict[Any, Any]) -> dict[Any, Any]:
-    """``{k: fn(x)}`` over ``v``, but ``v`` itself when nothing changed."""
-    out = None
-    for k, x in v.items():
-        if type(x) in _ATOMIC:
-            continue
-        y = fn(x)
-        if y is not x:
-            if out is None:
-                out = dict(v)
-            out[k] = y
-    return v if out is None else out
-
-
-def _map_tuple(fns: Sequence[Callable[[Any], Any]], v: tuple[Any, ...]) -> tuple[Any, ...]:
-    new = tuple(f(x) for f, x in zip(fns, v))
-    return v if all(a is b for a, b in zip(new, v)) else new
-
-
-def _is_untyped(tp: Any) -> bool:
-    return tp is object or tp is Any
-
-
-def _struct_plan(
-    cls: type, lift_any: Callable[[Any], Any], lift_struct: Callable[[Any], Any]
-) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
-    """For each field of ``cls`` that can hold a tuple in an untyped position (or a
-    nested Struct that can), the function that lifts it."""
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # unresolvable annotations: treat every field as untyped
-        hints = {name: Any for name in cls.__struct_fields__}  # type: ignore[attr-defined]
-    plan = []
-    for name in cls.__struct_fields__:  # type: ignore[attr-defined]
-        fn = _plan_for(hints.get(name, Any), lift_any, lift_struct, depth=0)
-        if fn is not None:
-            plan.append((name, fn))
-    return tuple(plan)
-
-
-def _plan_for(
-    tp: Any,
-    lift_any: Callable[[Any], Any],
-    lift_struct: Callable[[Any], Any],
-    depth: int,
-) -> Callable[[Any], Any] | None:
-    if depth > 8:
-        return lift_any
-    if _is_untyped(tp):
-        return lift_any
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is typing.Annotated:
-        return _plan_for(args[0], lift_any, lift_struct, depth + 1)
-    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
-        return lambda v: lift_struct(v) if isinstance(v, msgspec.Struct) else v
-    if origin is typing.Union or type(tp).__name__ == "UnionType":
-        subs = [_plan_for(a, lift_any, lift_struct, depth + 1) for a in args]
-        if any(s is lift_any for s in subs):
-            return lift_any
-        if any(s is not None for s in subs):
-            # Structs are the only thing worth descending into here
-            return lambda v: lift_struct(v) if isinstance(v, msgspec.Struct) else v
-        return None
-    if origin in (list, set, frozenset) or origin is getattr(typing, "Sequence", None):
-        item = _plan_for(args[0], lift_any, lift_struct, depth + 1) if args else lift_any
-        if item is None:
-            return None
-        return lambda v: _map_list(item, v) if v and type(v) is list else v
-    if origin is dict:
-        value = _plan_for(args[1], lift_any, lift_struct, depth + 1) if args else lift_any
-        if value is None:
-            return None
-        return lambda v: _map_dict(value, v) if v and type(v) is dict else v
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            elem = _plan_for(args[0], lift_any, lift_struct, depth + 1)
-            if elem is None:
-                return None
-            return lambda v: _map_tuple([elem] * len(v), v) if isinstance(v, tuple) else v
-        subs = [_plan_for(a, lift_any, lift_struct, depth + 1) for a in args]
-        if all(s is None for s in subs):
-            return None
-        fns = [s or (lambda x: x) for s in subs]
-        return lambda v: _map_tuple(fns, v) if isinstance(v, tuple) and len(v) == len(fns) else v
-    return None
 
 
 # --------------------------------------------------------------------------- decoding
@@ -464,6 +424,9 @@ def _check_device(text: Any) -> str:
     return text
 
 
+check_device = _check_device  # the public name (the SGLang profile checks devices too)
+
+
 class Decoder:
     """Decode msgpack bytes produced by :class:`Encoder`.
 
@@ -485,11 +448,27 @@ class Decoder:
         What to do with an inline tensor that was on a CUDA device this process does
         not have: ``"error"`` (default) raises :class:`DecodeError`, ``"cpu"`` returns
         it on the CPU.
+    profile:
+        ``"ringwire"`` (default) or ``"sglang"``: read SGLang's ``msgpack_utils``
+        dialect into the values SGLang's decoder gives (see
+        :mod:`ringwire._wire.sglang`; the resolver then receives each
+        :class:`~ringwire.SGLangState`).
 
     :meth:`decode` raises :class:`~ringwire.DecodeError` (a ``ValueError``) for any
     malformed, truncated, inconsistent or disallowed input, and never anything else
     for bad bytes.  Instances are safe to share between threads.
     """
+
+    profile: Profile = "ringwire"
+
+    def __new__(cls, type: Any = Any, *, profile: Profile = "ringwire", **_: Any) -> Decoder:
+        if profile == cls.profile:
+            return super().__new__(cls)
+        if profile == "sglang" and cls is Decoder:
+            from .sglang import SGLangDecoder
+
+            return super().__new__(SGLangDecoder)
+        raise ValueError(f"{cls.__name__} has no profile {profile!r}")
 
     def __init__(
         self,
@@ -499,6 +478,7 @@ class Decoder:
         zero_copy: bool = False,
         cuda_fallback: Literal["error", "cpu"] = "error",
         dec_hook: Callable[[type, Any], Any] | None = None,
+        profile: Profile = "ringwire",
     ) -> None:
         if cuda_fallback not in ("error", "cpu"):
             raise ValueError(f"cuda_fallback must be 'error' or 'cpu', not {cuda_fallback!r}")
@@ -521,6 +501,7 @@ class Decoder:
             X.TORCH_DEVICE: self._torch_device,
             X.NUMPY_DTYPE: self._numpy_dtype,
             X.NUMPY_SCALAR: self._numpy_scalar,
+            **leaf_decoders(self._decode_any),
         }
 
     def decode(self, buf: bytes | bytearray | memoryview) -> Any:

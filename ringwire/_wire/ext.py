@@ -17,7 +17,23 @@ code   meaning                       payload
 9      ``torch.device``              msgpack str, ``str(device)``
 10     ``numpy.dtype``               msgpack str, ``dtype.str``
 11     numpy scalar                  msgpack [dtype.str, bin raw bytes]
+12     ``set``                       msgpack array of the items (each encoded again)
+13     ``frozenset``                 msgpack array of the items (each encoded again)
+14     ``datetime.datetime``         msgpack str, ``isoformat()`` (offset when aware)
+15     ``datetime.date``             msgpack str, ``isoformat()``
+16     ``datetime.time``             msgpack str, ``isoformat()`` (offset when aware)
+17     ``datetime.timedelta``        msgpack [days, seconds, microseconds]
+18     ``uuid.UUID``                 msgpack bin, the 16 bytes
+19     ``decimal.Decimal``           msgpack str, ``str(value)``
 =====  ============================  =====================================================
+
+Codes 6-19 are *typed leaves*: values msgspec would encode as something else (an
+array, a string) and so lose their type.  They are written only in untyped positions
+(see :mod:`.codec`); a typed field keeps msgspec's own form.
+
+The SGLang profile (:mod:`.sglang`) writes only codes 1-5, with SGLang's meanings for
+4 and 5 (the msgpack state of its ``ShmPointerMMData`` / ``CudaIpcTensorTransportProxy``),
+and reads 6-19 as unknown codes, as SGLang does.
 
 Buffer layout (codes 1-3, byte-compatible with SGLang's ``msgpack_utils``)::
 
@@ -45,6 +61,14 @@ TORCH_DTYPE = 8
 TORCH_DEVICE = 9
 NUMPY_DTYPE = 10
 NUMPY_SCALAR = 11
+SET = 12
+FROZENSET = 13
+DATETIME = 14
+DATE = 15
+TIME = 16
+TIMEDELTA = 17
+UUID = 18
+DECIMAL = 19
 
 
 class ExtCode(enum.IntEnum):
@@ -61,3 +85,11 @@ class ExtCode(enum.IntEnum):
     TORCH_DEVICE = TORCH_DEVICE
     NUMPY_DTYPE = NUMPY_DTYPE
     NUMPY_SCALAR = NUMPY_SCALAR
+    SET = SET
+    FROZENSET = FROZENSET
+    DATETIME = DATETIME
+    DATE = DATE
+    TIME = TIME
+    TIMEDELTA = TIMEDELTA
+    UUID = UUID
+    DECIMAL = DECIMAL

@@ -15,6 +15,10 @@ first field on the wire), so it crosses the process boundary and reads back as a
 attribute -- code that grew attributes dynamically keeps working.  A field named
 ``hash`` is normalized to its low 64 bits on construction and assignment, so a
 128/256-bit digest or ``uuid4().int`` can be stored.
+
+SGLang's own structs keep their dynamic-attribute dict (``model_specific_data``) *last*:
+:class:`ringwire.SGLangRecord` (in :mod:`.sglang`) is the base shaped like them, for
+the SGLang profile of the codec.
 """
 
 from __future__ import annotations

@@ -8,6 +8,6 @@ with a summary and a leak check.  ``--kill`` kills a worker mid-run to show dete
 reclaim and restart.  See ``python -m ringwire.demo --help``.
 """
 
-from ._app import run
+from ._main import run
 
 __all__ = ["run"]

@@ -1,21 +1,25 @@
-"""The demo's front process: load generator, live view, summary and leak proof."""
+"""The demo's front process: load generator, live view, summary and leak proof.
+
+torch is optional here as everywhere in ringwire: without it (or with ``--no-torch``)
+the demo says so in one line and sends numpy float16 arrays, loaned from a slot and
+filled in place, where it would send bfloat16 torch tensors; the workers answer them
+with numpy previews.  Everything else -- images, slots, finalizers, ``--kill`` -- is the
+same.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
-import logging
 import math
-import multiprocessing
 import os
 import signal
-import stat
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +29,25 @@ import numpy as np
 import ringwire
 from ringwire import runtime
 
+from ._view import WIDTH, Row, human, live_view, ms, pct, startup_view, status_line, wrap_event
+
 _KiB = 1 << 10
 _MiB = 1 << 20
 WORKER_ENTRY = "ringwire.demo._worker:serve"
 KINDS = ("text", "image", "tensor", "mixed")  # the request mix, in turn
+# a --kill run does not end before the killed worker's restart has served this long ...
+SERVE_AGAIN_S = 1.0
+# ... waiting at most this long past --duration for it (a restart imports torch afresh,
+# next to a busy front and worker: seconds on a small machine)
+EXTEND_MAX_S = 30.0
+
+
+def torch_available() -> bool:
+    """Can torch be imported?  (Asked without importing it, which takes seconds.)"""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, a broken package
+        return False
 
 
 # -- options -------------------------------------------------------------------------------
@@ -45,6 +64,7 @@ class Options:
     kill_at: float = 0.4
     live: bool = True
     spin_us: float = ringwire.DEFAULT_SPIN_US
+    torch: bool = True  # send torch tensors (False: numpy arrays stand in for them)
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -55,7 +75,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
             "HxWx3 float32 numpy images copied once into shared-memory slots, 3xHxW "
             "bfloat16 torch tensors loaned from a slot and filled in place -- to worker "
             "processes that answer (some answers carry a tensor loaned from the worker's "
-            "own slots).  Ctrl-C stops it gracefully; a second Ctrl-C forces."
+            "own slots).  Without torch, float16 numpy arrays stand in for the tensors.  "
+            "Ctrl-C stops it gracefully; a second Ctrl-C forces."
         ),
     )
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load (default 10)")
@@ -72,13 +93,20 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     p.add_argument(
         "--kill",
         action="store_true",
-        help="kill -9 worker-0 mid-run: shows detection, reclaim and restart",
+        help="kill -9 worker-0 mid-run: shows detection, reclaim and restart (the run goes "
+        f"on past --duration, {EXTEND_MAX_S:g} s at most, until the restarted worker has "
+        "served again)",
     )
     p.add_argument(
         "--kill-at", type=float, default=0.4, help="when to kill, as a fraction of the duration"
     )
     p.add_argument(
         "--no-live", action="store_true", help="print a line per second instead of a live table"
+    )
+    p.add_argument(
+        "--no-torch",
+        action="store_true",
+        help="numpy float16 arrays instead of torch tensors (the default without torch)",
     )
     p.add_argument(
         "--spin-us",
@@ -108,46 +136,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         a.kill_at,
         live,
         spin,
+        torch=not a.no_torch and torch_available(),
     )
-
-
-# -- leak accounting -------------------------------------------------------------------------
-
-
-def shm_names() -> set[str]:
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("rw.")}
-    except OSError:
-        return set()
-
-
-def socket_files() -> set[str]:
-    """Socket files in the temp dir (and in ringwire* folders there)."""
-    found: set[str] = set()
-    roots = [tempfile.gettempdir()]
-    while roots:
-        root = roots.pop()
-        try:
-            entries = list(os.scandir(root))
-        except OSError:
-            continue
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISSOCK(st.st_mode):
-                found.add(e.path)
-            elif stat.S_ISDIR(st.st_mode) and e.name.startswith("ringwire") and root == roots[:1]:
-                roots.append(e.path)
-    return found
-
-
-def _creator(name: str) -> int:
-    try:
-        return int(name.split(".")[1])
-    except (IndexError, ValueError):
-        return -1
 
 
 # -- statistics ----------------------------------------------------------------------------
@@ -157,7 +147,8 @@ def _creator(name: str) -> int:
 class WorkerStats:
     name: str
     answered: int = 0
-    failed: int = 0  # lost with a killed worker, or cut off by a forced stop
+    failed: int = 0  # cut off by a forced stop, or lost with a worker that died on its own
+    lost: int = 0  # in flight on the worker --kill killed: lost with it
     wrong: int = 0  # answers that did not check out
     loaned_bytes: int = 0  # tensors loaned from a slot, filled in place: zero copies
     copied_bytes: int = 0  # arrays copied once into a slot, then passed by reference
@@ -174,21 +165,15 @@ class WorkerStats:
         return self.loaned_bytes + self.copied_bytes + self.reply_bytes
 
 
-def _ms(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.2f}"
+@dataclass
+class _Restart:
+    """The restart of the worker --kill killed."""
 
-
-def _pct(values: Sequence[float] | np.ndarray, q: float) -> float:
-    if len(values) == 0:
-        return math.nan
-    return float(np.percentile(np.asarray(values), q)) * 1e3
-
-
-def _human(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
+    name: str
+    pid: int
+    startup_s: float
+    at: float  # monotonic, when it was ready
+    answered_before: int  # the worker's answers (all incarnations) at that moment
 
 
 class _Session:
@@ -211,15 +196,24 @@ class Demo:
         self.stats = {f"worker-{i}": WorkerStats(f"worker-{i}") for i in range(opts.workers)}
         self.log: list[str] = []  # events, as lines
         self.printed = 0
-        self.kill_lines: list[str] = []
+        self.kill_lines: list[list[str]] = []  # the --kill story (or other deaths), in parts
+        self.loading = False  # the load has begun (start-up is over)
         self.draining = False
+        self.extending = False  # past --duration, waiting for a restart to serve
         self.interrupted: str | None = None
-        self.t0 = time.monotonic()
+        self.started = time.monotonic()  # the program
+        self.t0 = self.started  # the load
+        self.startup_s = 0.0
         self.elapsed = 0.0
+        self.load_end: float | None = None
         self.final: dict[str, ringwire.ChannelStatistics] = {}
         self.worker_pids: set[int] = set()
+        self.ready_s: dict[str, float] = {}  # first start: spawn to ready
+        self.restart: _Restart | None = None
+        self.on_loading: Callable[[], None] | None = None  # the start-up view ends
         self._ids = itertools.count()
-        self._kill: tuple[str, int, float] | None = None  # name, pid, when
+        self.killed: tuple[str, int, float] | None = None  # --kill's victim: name, pid, when
+        self._killed_chan: ringwire.Channel | None = None
         self._topo: runtime.Topology | None = None
         self._stopping: anyio.Event | None = None
         self._draining: anyio.Event | None = None
@@ -228,22 +222,64 @@ class Demo:
         self.images = [rng.random((s, s, 3), dtype=np.float32) for _ in range(4)]
         self.image_means = [float(x.mean(dtype=np.float64)) for x in self.images]
         self.tensor_shape = (3, t, t)
-        self.tensor_nbytes = 3 * t * t * 2  # bfloat16
+        self.tensor_nbytes = 3 * t * t * 2  # bfloat16 or float16
         self.tensors: list[Any] = []
         self.tensor_means: list[float] = []
         self.torch: Any = None
+        self.tensor_dtype: Any = np.float16
+        self.front_state = "importing torch, making tensors ..."
+        self.front_ready_s: float | None = None
+        self.torch_error: str | None = None
         # importing torch takes a second or two: do it while the workers start
-        self.prep = threading.Thread(target=self._prepare_tensors, name="demo-prep", daemon=True)
+        self.prep: threading.Thread | None = None
+        if opts.torch:
+            self.prep = threading.Thread(
+                target=self._prepare_tensors, name="demo-prep", daemon=True
+            )
+        else:
+            self._prepare_arrays()
+
+    @property
+    def uses_torch(self) -> bool:
+        return self.torch is not None or (self.prep is not None and self.torch_error is None)
+
+    @property
+    def tensor_label(self) -> str:
+        return "tensors" if self.uses_torch else "arrays"
 
     def _prepare_tensors(self) -> None:
-        import torch
+        try:
+            import torch
 
-        gen = torch.Generator().manual_seed(7)
-        for _ in range(4):
-            x = torch.randn(self.tensor_shape, generator=gen).to(torch.bfloat16)
-            self.tensors.append(x)
-            self.tensor_means.append(float(x.float().mean()))
+            gen = torch.Generator().manual_seed(7)
+            tensors, means = [], []
+            for _ in range(4):
+                x = torch.randn(self.tensor_shape, generator=gen).to(torch.bfloat16)
+                tensors.append(x)
+                means.append(float(x.float().mean()))
+        except Exception as exc:  # a broken torch: the demo goes on with numpy
+            self.torch_error = f"{type(exc).__name__}: {exc}"
+            self._prepare_arrays()
+            return
+        self.tensors, self.tensor_means = tensors, means
+        self.tensor_dtype = torch.bfloat16
         self.torch = torch
+        self._front_ready()
+
+    def _prepare_arrays(self) -> None:
+        rng = np.random.default_rng(7)
+        self.tensors = [
+            rng.standard_normal(self.tensor_shape, dtype=np.float32).astype(np.float16)
+            for _ in range(4)
+        ]
+        self.tensor_means = [float(x.mean(dtype=np.float64)) for x in self.tensors]
+        self.tensor_dtype = np.float16
+        self._front_ready()
+
+    def _front_ready(self) -> None:
+        self.front_ready_s = time.monotonic() - self.started
+        what = "torch imported, tensors made" if self.torch is not None else "numpy arrays made"
+        self.front_state = f"ready in {self.front_ready_s:.2f} s ({what})"
 
     # -- the topology -------------------------------------------------------------------
 
@@ -276,35 +312,53 @@ class Demo:
                 slots=back,
                 spin_us=self.opts.spin_us,
                 ready="explicit",
-                options={"preview_every": 2},
+                options={"preview_every": 2, "torch": self.opts.torch},
             )
             for name in self.stats
         ]
-        return runtime.Topology(
+        self._topo = runtime.Topology(
             workers, slots=front, drain_timeout=5.0, kill_timeout=2.0, on_event=self.on_event
         )
+        return self._topo
+
+    def _stamp(self) -> str:
+        if not self.loading:
+            return f"{'start':>7}"
+        return f"{time.monotonic() - self.t0:6.2f}s"
+
+    def _event(self, line: str) -> None:
+        self.log.append(f"{self._stamp()}  {line}")
+        if not self.opts.live:
+            self.print_new_events()
 
     def on_event(self, ev: runtime.WorkerEvent) -> None:
-        t = time.monotonic() - self.t0
         if isinstance(ev, runtime.WorkerReady):
             self.worker_pids.add(ev.pid)
-            if ev.incarnation:
-                line = f"{ev.name} restarted: pid {ev.pid}, ready in {ev.startup_s:.2f} s"
-                self.kill_lines.append(line)
-                self.log.append(f"{t:6.2f}s  {line}")
+            if not ev.incarnation:
+                self.ready_s[ev.name] = ev.startup_s
+                self._event(f"{ev.name} ready in {ev.startup_s:.2f} s (pid {ev.pid})")
+                return
+            line = f"{ev.name} restarted: pid {ev.pid}, ready in {ev.startup_s:.2f} s"
+            if self.killed is not None and self.killed[0] == ev.name and self.restart is None:
+                self.restart = _Restart(
+                    ev.name, ev.pid, ev.startup_s, ev.at, self.stats[ev.name].answered
+                )
+            else:
+                self.kill_lines.append([line])
+            self._event(line)
         elif isinstance(ev, runtime.WorkerExit):
             if not ev.expected:
-                line = ev.describe()
-                if self._kill is not None and self._kill[1] == ev.pid:
-                    line += f"; detected {(ev.at - self._kill[2]) * 1e3:.1f} ms after the kill"
-                line += f"; slots in use on its connection now: {ev.slots_in_use_after}"
-                self.kill_lines.append(line)
-                self.log.append(f"{t:6.2f}s  {line}")
+                parts = ev.describe().split("; ")
+                if self.killed is not None and self.killed[1] == ev.pid:
+                    parts.append(f"detected {(ev.at - self.killed[2]) * 1e3:.1f} ms after the kill")
+                parts.append(f"slots in use on its connection now: {ev.slots_in_use_after}")
+                self.kill_lines.append(parts)
+                self._event("; ".join(parts))
         elif isinstance(ev, runtime.WorkerRestarting):
-            self.log.append(f"{t:6.2f}s  {ev.describe()}")
+            self._event(ev.describe())
         elif isinstance(ev, runtime.TopologyStopping):
             hint = "  (again to force)" if ev.reason.endswith(" received") and not ev.force else ""
-            self.log.append(f"{t:6.2f}s  {ev.describe()}{hint}")
+            self._event(f"{ev.describe().splitlines()[0]}{hint}")
             if ev.reason.endswith(" received"):
                 self.interrupted = ev.reason.split()[0]
             if self._stopping is not None:
@@ -314,14 +368,23 @@ class Demo:
 
     async def main(self, topo: runtime.Topology) -> None:
         self._topo = topo
-        await anyio.to_thread.run_sync(self.prep.join)
-        if self.torch is None:
-            raise RuntimeError("preparing the demo's tensors failed (is torch installed?)")
+        if self.prep is not None:
+            await anyio.to_thread.run_sync(self.prep.join)
+        self.startup_s = time.monotonic() - self.started
+        if self.on_loading is not None:
+            self.on_loading()
+        if self.torch_error is not None:
+            print(f"torch failed to import ({self.torch_error[:40]}): numpy only", flush=True)
         self._stopping = anyio.Event()
         self._draining = anyio.Event()
         if topo.stopping:
             self._stopping.set()
         self.t0 = time.monotonic()
+        self.loading = True
+        if not self.opts.live:
+            print(
+                f"ready after {self.startup_s:.1f} s; {self.opts.duration:g} s of load", flush=True
+            )
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._view)
             if self.opts.kill:
@@ -330,7 +393,8 @@ class Demo:
                 drivers.start_soon(self._clock)
                 for name in self.stats:
                     drivers.start_soon(self._drive, name)
-            self.elapsed = time.monotonic() - self.t0
+            self.load_end = time.monotonic()
+            self.elapsed = self.load_end - self.t0
             self._snapshot()
             outer.cancel_scope.cancel()
 
@@ -342,10 +406,29 @@ class Demo:
             except runtime.WorkerGone:
                 pass
 
+    def recovered(self) -> bool:
+        """Has the worker --kill killed served again?  (True when nothing was killed.)"""
+        if self.killed is None:
+            return True
+        r = self.restart
+        if r is None:
+            return False
+        served = time.monotonic() - r.at >= SERVE_AGAIN_S
+        return served and self.stats[r.name].answered > r.answered_before
+
     async def _clock(self) -> None:
         assert self._stopping is not None
         with anyio.move_on_after(self.opts.duration):
             await self._stopping.wait()
+        if self.opts.kill and not self._stopping.is_set() and not self.recovered():
+            assert self.killed is not None
+            self.extending = True
+            self._event(
+                f"waiting for {self.killed[0]}'s restart to serve ({EXTEND_MAX_S:g} s at most)"
+            )
+            with anyio.move_on_after(EXTEND_MAX_S):
+                while not self.recovered() and not self._stopping.is_set():
+                    await anyio.sleep(0.05)
         self.draining = True  # stop issuing; the drivers finish what is in flight
         assert self._draining is not None
         self._draining.set()
@@ -357,10 +440,14 @@ class Demo:
         pid = self._topo.status()[name].pid
         if pid is None or self.draining:
             return
-        self._kill = (name, pid, time.monotonic())
+        try:
+            self._killed_chan = self._topo.channel(name)
+        except runtime.WorkerGone:
+            return
+        self.killed = (name, pid, time.monotonic())
         t = time.monotonic() - self.t0
-        self.log.append(f"{t:6.2f}s  kill -9 {name} (pid {pid})")
-        self.kill_lines.append(f"kill -9 {name} (pid {pid}) at t={t:.2f} s")
+        self.kill_lines.append([f"kill -9 {name} (pid {pid}) at t={t:.2f} s"])
+        self._event(f"kill -9 {name} (pid {pid})")
         os.kill(pid, signal.SIGKILL)
 
     async def _drive(self, name: str) -> None:
@@ -417,10 +504,16 @@ class Demo:
             print(f"ringwire demo: {name}: undecodable reply: {exc}", file=sys.stderr)
             sess.fail_all()
 
+    def _failed(self, st: WorkerStats, sess: _Session) -> None:
+        if self._killed_chan is not None and sess.chan is self._killed_chan:
+            st.lost += 1
+        else:
+            st.failed += 1
+
     async def _send_loop(self, name: str, sess: _Session) -> None:
         st = self.stats[name]
         chan = sess.chan
-        torch = self.torch
+        torch, dtype = self.torch, self.tensor_dtype
         while not self.draining and not sess.broken:
             i = next(self._ids)
             kind = KINDS[i % len(KINDS)]
@@ -443,8 +536,11 @@ class Demo:
                     st.copied_bytes += self.images[k].nbytes
                 if kind == "tensor":
                     k = i % len(self.tensors)
-                    t = await chan.loan(self.tensor_shape, torch.bfloat16)
-                    t.copy_(self.tensors[k])  # filled in place: the only write
+                    t = await chan.loan(self.tensor_shape, dtype)
+                    if torch is not None:
+                        t.copy_(self.tensors[k])  # filled in place: the only write
+                    else:
+                        np.copyto(t, self.tensors[k])
                     req["tensor"] = t
                     del t
                     expect["tensor_mean"] = self.tensor_means[k]
@@ -459,11 +555,11 @@ class Demo:
                 await slot[0].wait()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
                 sess.pending.pop(i, None)
-                st.failed += 1
+                self._failed(st, sess)
                 return
             reply, slot[1] = slot[1], None
             if reply is None:  # the session broke with this request in flight
-                st.failed += 1
+                self._failed(st, sess)
                 return
             elapsed = time.perf_counter() - start
             ok = all(
@@ -478,7 +574,7 @@ class Demo:
             if preview is not None:
                 c, h, w = preview.shape
                 st.reply_bytes += c * h * w * 2
-                ok = ok and preview.dtype == torch.bfloat16
+                ok = ok and preview.dtype == dtype
             del preview, reply  # the worker's slot goes back to it (finalizer)
             if receipt is not None:
                 await receipt.wait()  # the worker dropped the request: its slots came back
@@ -499,30 +595,75 @@ class Demo:
             return 0, 0
         return s.slots_in_use, s.slot_arrays_held
 
-    def _rows(self) -> list[tuple[str, ...]]:
+    def rows(self) -> tuple[list[Row], Row]:
+        """The live table's rows and its total row."""
         assert self._topo is not None
         status = self._topo.status()
         now = time.monotonic()
-        rows: list[tuple[str, ...]] = []
+        rows: list[Row] = []
+        lats: list[float] = []
+        restarts = 0
         for name, st in self.stats.items():
             ws = status[name]
             recent = [lat for (t, lat) in st.recent if t > now - 2.0]
+            lats += recent
+            restarts += ws.restarts
             used, held = self._slots(name)
             rows.append(
-                (
+                Row(
                     name,
                     str(ws.pid or "-"),
                     ws.state,
                     str(ws.restarts),
-                    f"{st.answered}",
+                    f"{st.answered:,}",
                     f"{st.rate:,.0f}",
-                    _ms(_pct(recent, 50)),
-                    _ms(_pct(recent, 99)),
-                    _human(st.zero_copy_bytes),
-                    f"{used} + {held}",
+                    ms(pct(recent, 50)),
+                    ms(pct(recent, 99)),
+                    human(st.zero_copy_bytes),
+                    f"{used}+{held}",
                 )
             )
-        return rows
+        total = Row(
+            "total",
+            "",
+            "",
+            str(restarts),
+            f"{sum(st.answered for st in self.stats.values()):,}",
+            f"{sum(st.rate for st in self.stats.values()):,.0f}",
+            ms(pct(lats, 50)),
+            ms(pct(lats, 99)),
+            human(sum(st.zero_copy_bytes for st in self.stats.values())),
+            "",
+        )
+        return rows, total
+
+    def status_text(self) -> str:
+        if self.load_end is not None:
+            return "done"
+        if self.draining:
+            return "draining..."
+        if self.extending and self.killed is not None:
+            over = time.monotonic() - self.t0 - self.opts.duration
+            return f"+{over:.1f} s: waiting for {self.killed[0]}'s restart to serve"
+        return "running"
+
+    def render_startup(self, width: int) -> Any:
+        assert self._topo is not None
+        workers = []
+        for name, ws in self._topo.status().items():
+            ready = self.ready_s.get(name)
+            if ready is not None:
+                state = f"ready in {ready:.2f} s"
+            else:
+                state = {"new": "spawning"}.get(ws.state, ws.state) + " ..."
+            workers.append((name, f"pid {ws.pid}" if ws.pid else "", state))
+        return startup_view(
+            workers,
+            self.front_state,
+            elapsed=time.monotonic() - self.started,
+            imports="numpy and torch" if self.opts.torch else "numpy",
+            width=width,
+        )
 
     def _tick_rates(self, dt: float) -> None:
         for st in self.stats.values():
@@ -545,188 +686,56 @@ class Demo:
             now = time.monotonic()
             self._tick_rates(now - last)
             last = now
-            total = sum(st.answered for st in self.stats.values())
-            rate = sum(st.rate for st in self.stats.values())
             recent = [lat for st in self.stats.values() for (t, lat) in st.recent if t > now - 1.0]
-            zc = sum(st.zero_copy_bytes for st in self.stats.values())
             slots = [self._slots(n) for n in self.stats]
             print(
-                f"t={now - self.t0:5.1f}s  answered={total}  rec/s={rate:,.0f}  "
-                f"p50={_ms(_pct(recent, 50))}ms  p99={_ms(_pct(recent, 99))}ms  "
-                f"zero-copy={_human(zc)}  slots in use={sum(u for u, _ in slots)}"
-                f"+{sum(h for _, h in slots)}",
+                status_line(
+                    elapsed=now - self.t0,
+                    answered=sum(st.answered for st in self.stats.values()),
+                    rate=sum(st.rate for st in self.stats.values()),
+                    p50=pct(recent, 50),
+                    p99=pct(recent, 99),
+                    zero_copy=sum(st.zero_copy_bytes for st in self.stats.values()),
+                    slots=(sum(u for u, _ in slots), sum(h for _, h in slots)),
+                ),
                 flush=True,
             )
-            self._print_new_events()
+            self.print_new_events()
 
-    def _print_new_events(self) -> None:
+    def print_new_events(self) -> None:
         while self.printed < len(self.log):
-            print("  " + self.log[self.printed], flush=True)
+            for line in wrap_event("  " + self.log[self.printed], WIDTH, indent=12):
+                print(line, flush=True)
             self.printed += 1
 
-    async def _view_rich(self) -> None:
-        from rich.console import Group
-        from rich.live import Live
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-        from rich.text import Text
-
-        def render() -> Group:
-            now = time.monotonic()
-            t = min(now - self.t0, self.opts.duration)
-            table = Table(
-                title="ringwire demo: front -> workers over shared-memory rings and slots",
-                title_justify="left",
-            )
-            for col, just in (
-                ("worker", "left"),
-                ("pid", "right"),
-                ("state", "left"),
-                ("restarts", "right"),
-                ("answered", "right"),
-                ("rec/s", "right"),
-                ("p50 ms", "right"),
-                ("p99 ms", "right"),
-                ("zero-copy", "right"),
-                ("slots in use", "right"),
-            ):
-                table.add_column(col, justify=just)  # type: ignore[arg-type]
-            for row in self._rows():
-                table.add_row(*row)
-            recent = [
-                lat for st in self.stats.values() for (ts, lat) in st.recent if ts > now - 2.0
-            ]
-            table.add_row(
-                "total",
-                "",
-                "",
-                str(sum(int(r[3]) for r in self._rows())),
-                str(sum(st.answered for st in self.stats.values())),
-                f"{sum(st.rate for st in self.stats.values()):,.0f}",
-                _ms(_pct(recent, 50)),
-                _ms(_pct(recent, 99)),
-                _human(sum(st.zero_copy_bytes for st in self.stats.values())),
-                "",
-                style="bold",
-            )
-            head = Text(
-                f"{t:5.1f} / {self.opts.duration:g} s"
-                + ("   draining..." if self.draining else "")
-                + "   (slots in use: front slots lent + worker slots held; Ctrl-C stops)"
-            )
-            bar = ProgressBar(total=self.opts.duration, completed=t, width=60)
-            log = Text("\n".join(self.log[-6:]) or "no events yet", style="dim")
-            return Group(head, bar, table, log)
-
-        last = time.monotonic()
-        with Live(render(), auto_refresh=False, transient=False) as live:
-            while True:
-                await anyio.sleep(0.25)
-                now = time.monotonic()
-                if now - last >= 1.0:
-                    self._tick_rates(now - last)
-                    last = now
-                live.update(render(), refresh=True)
-
-
-# -- summary and entry point -----------------------------------------------------------------
-
-
-def _summary(demo: Demo, topo: runtime.Topology) -> list[str]:
-    stats = list(demo.stats.values())
-    lat = np.asarray([x for st in stats for x in st.latencies])
-    answered = sum(st.answered for st in stats)
-    elapsed = demo.elapsed or (time.monotonic() - demo.t0)
-    loaned = sum(st.loaned_bytes for st in stats)
-    copied = sum(st.copied_bytes for st in stats)
-    replies = sum(st.reply_bytes for st in stats)
-    inline = sum(st.inline_bytes for st in stats)
-    lines = [
-        f"requests answered   {answered:,} in {elapsed:.1f} s = {answered / max(elapsed, 1e-9):,.0f} "
-        f"records/s; failed {sum(st.failed for st in stats)}; wrong answers "
-        f"{sum(st.wrong for st in stats)}",
-        f"round trip          p50 {_pct(lat, 50):.2f} ms   p99 {_pct(lat, 99):.2f} ms   "
-        f"max {_pct(lat, 100):.2f} ms",
-        f"zero-copy           {_human(loaned + copied + replies)} by slot reference: "
-        f"{_human(loaned)} loaned tensors (no copy), {_human(copied)} numpy images (one "
-        f"copy into the slot), {_human(replies)} reply tensors loaned by the workers; "
-        f"{_human(inline)} of tiny arrays inline",
-    ]
-    releases = sum(s.releases_received for s in demo.final.values())
-    in_use = sum(s.slots_in_use for s in demo.final.values())
-    held = sum(s.slot_arrays_held for s in demo.final.values())
-    receipts = sum(st.receipts for st in stats)
-    if demo.final:
-        lines.append(
-            f"finalizers          {releases:,} slot releases acknowledged by the workers' "
-            f"finalizers on the live connections; {receipts} send_tracked receipts seen "
-            f"consumed; slots in use at the end: {in_use} lent, {held} held"
+    def render_live(self, width: int) -> Any:
+        rows, total = self.rows()
+        return live_view(
+            rows,
+            total,
+            width=width,
+            elapsed=time.monotonic() - self.t0,
+            duration=self.opts.duration,
+            status=self.status_text(),
+            log=self.log,
         )
-    for name, ws in topo.status().items():
-        lines.append(f"{name:<19} restarts {ws.restarts}, last pid {ws.pid}")
-    for line in demo.kill_lines:
-        lines.append(f"--kill              {line}")
-    if topo.stop_reason:
-        lines.append(f"stop                {topo.stop_reason}")
-    return lines
 
+    async def _view_rich(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
 
-def run(argv: Sequence[str] | None = None) -> int:
-    """The demo; returns the process exit status (0: clean, no leaks)."""
-    opts = parse_args(argv)
-    # the demo shows the runtime's events itself (log lines would tear the live view)
-    logging.getLogger("ringwire.runtime").setLevel(logging.ERROR)
-    shm_before = shm_names()
-    socks_before = socket_files()
-    demo = Demo(opts)
-    front, _ = demo.slot_configs()
-    print(
-        f"ringwire demo: {opts.workers} worker(s) x {opts.concurrency} requests in flight for "
-        f"{opts.duration:g} s; images {opts.image_size}x{opts.image_size}x3 float32 "
-        f"({_human(demo.images[0].nbytes)}, copied into slots), tensors 3x{opts.tensor_size}"
-        f"x{opts.tensor_size} bfloat16 ({_human(demo.tensor_nbytes)}, loaned); "
-        f"front pool per worker: {front.describe()}",
-        flush=True,
-    )
-    topo = demo.topology()
-    rc = 0
-    demo.prep.start()
-    try:
-        topo.run(demo.main)
-    except runtime.WorkerStartError as exc:
-        print(f"ringwire demo: the workers did not start: {exc}", file=sys.stderr)
-        rc = 2
-    for line in demo.log[demo.printed :] if not opts.live else []:
-        print("  " + line)
-    print()
-    print("summary")
-    for line in _summary(demo, topo):
-        print("  " + line)
-
-    # the leak proof: everything this run created is gone
-    pids = {os.getpid()} | {ev.pid for ev in topo.history if hasattr(ev, "pid")}
-    children = multiprocessing.active_children()
-    shm_after = shm_names()
-    socks_after = socket_files()
-    ours = sorted(n for n in shm_after - shm_before if _creator(n) in pids)
-    others = len(shm_after - shm_before) - len(ours)
-    new_socks = sorted(socks_after - socks_before)
-    print(
-        f"  leak check          /dev/shm rw.* names: {len(shm_before)} before, "
-        f"{len(shm_after)} after ({len(ours)} of this run left behind"
-        + (f"; {others} new from other processes" if others else "")
-        + f"); socket files: {len(socks_before)} before, {len(socks_after)} after; "
-        f"worker processes alive: {len(children)}"
-    )
-    leaked = bool(ours or new_socks or children)
-    if leaked:
-        print(f"  LEAKED: shm {ours} sockets {new_socks} processes {children}")
-        rc = 1
-    else:
-        print("  no leaks: every /dev/shm name, socket file and worker process is gone")
-    wrong = sum(st.wrong for st in demo.stats.values())
-    if wrong and rc == 0:
-        rc = 1
-    if rc == 0 and demo.interrupted:
-        rc = 128 + signal.Signals[demo.interrupted].value
-    return rc
+        console = Console()
+        last = time.monotonic()
+        with Live(
+            self.render_live(console.width), console=console, auto_refresh=False, transient=False
+        ) as live:
+            try:
+                while True:
+                    await anyio.sleep(0.25)
+                    now = time.monotonic()
+                    if now - last >= 1.0:
+                        self._tick_rates(now - last)
+                        last = now
+                    live.update(self.render_live(console.width), refresh=True)
+            finally:  # the last frame: the whole run
+                live.update(self.render_live(console.width), refresh=True)

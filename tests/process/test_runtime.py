@@ -5,6 +5,7 @@ policies, graceful drain, signals, and nothing left behind (tests/conftest.py ch
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -360,9 +361,89 @@ def test_second_sigint_forces(tmp_path: Path) -> None:
     assert _wait_gone(pids)
 
 
+ORPHAN_LINE = re.compile(
+    r"ringwire worker '(\w+)' \(pid \d+\): the supervisor \(pid (\d+)\) is gone; exiting"
+)
+
+
 def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
     proc, pids = _start_script(tmp_path)
     proc.kill()
-    proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=30)  # returns once the workers closed stderr too
     assert _wait_gone(pids, 10), "orphaned workers outlived their supervisor"
     ringwire.sweep_segments()  # the supervisor cannot unlink what it made any more
+    said = [ORPHAN_LINE.fullmatch(line) for line in err.splitlines()]  # one line each, no more
+    assert sorted((m[1], int(m[2])) for m in said if m) == [("a", proc.pid), ("b", proc.pid)]
+    assert len(said) == 2, err
+
+
+# The supervisor SIGKILLs itself at a chosen moment of its worker's start-up: right after
+# the spawn (before multiprocessing's standard spawn would have written the child's
+# arguments), while the worker imports its entry (before the channel's handshake), or
+# while the worker loads something before calling ctx.ready().
+KILLED_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    sys.path.insert(0, {tests!r})
+    os.environ["RINGWIRE_TEST_IMPORT_DELAY"] = "{import_delay}"
+    from multiprocessing import util
+    from ringwire import SlotClass, SlotConfig, runtime
+
+    SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4),))
+    spawn = util.spawnv_passfds
+
+    def spawn_then_die(path, args, fds):
+        pid = spawn(path, args, fds)
+        if "spawn_main" in " ".join(map(str, args)):  # a worker, not the resource tracker
+            print("spawned", pid, flush=True)
+            if {after} == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Timer({after}, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        return pid
+
+    util.spawnv_passfds = spawn_then_die
+    if __name__ == "__main__":
+        worker = runtime.Worker(
+            "a", "support.{entry}", slots=SMALL, ready="{ready}", options={{"delay": 1.5}}
+        )
+        runtime.Topology([worker], slots=SMALL).run()
+        print("the supervisor was not killed", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("phase", "entry", "ready", "after", "import_delay"),
+    [
+        ("right after the spawn", "runtime_workers:echo", "auto", 0, 0),
+        ("while the worker imports", "runtime_slow_import:echo", "auto", 0.5, 1.5),
+        ("before ctx.ready()", "runtime_workers:ready_late", "explicit", 0.5, 0),
+    ],
+)
+def test_a_supervisor_killed_during_start_up_gets_one_line_not_a_traceback(
+    tmp_path: Path, phase: str, entry: str, ready: str, after: float, import_delay: float
+) -> None:
+    """Issue 14 item 8: workers printed BrokenPipeError / HandshakeError tracebacks (and,
+    killed right after the spawn, multiprocessing's EOFError) when the front process was
+    killed with -9 during start-up.  Now: one line saying the supervisor is gone."""
+    script = tmp_path / "killed_supervisor.py"
+    script.write_text(
+        KILLED_SCRIPT.format(
+            tests=str(TESTS), entry=entry, ready=ready, after=after, import_delay=import_delay
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(ROOT),
+    )
+    out, err = proc.communicate(timeout=60)  # until the worker, too, has closed stderr
+    assert proc.returncode == -signal.SIGKILL, out + err
+    [spawned] = [int(x.split()[1]) for x in out.splitlines() if x.startswith("spawned")]
+    assert _wait_gone([spawned], 10), f"the worker outlived its supervisor ({phase})"
+    ringwire.sweep_segments()  # what the dead supervisor made
+    lines = err.splitlines()
+    m = ORPHAN_LINE.fullmatch(lines[0]) if len(lines) == 1 else None
+    assert m is not None and m[1] == "a" and int(m[2]) == proc.pid, f"{phase}:\n{err}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import anyio
 
@@ -54,3 +55,11 @@ async def unkillable(ctx: runtime.WorkerContext) -> None:
     """Shields itself from cancellation: only SIGKILL ends it."""
     with anyio.CancelScope(shield=True):
         await anyio.sleep(3600)
+
+
+async def ready_late(ctx: runtime.WorkerContext) -> None:
+    """Declared with ready="explicit": blocks for ``options["delay"]`` seconds (a
+    synchronous model load, say), then calls ctx.ready()."""
+    time.sleep(ctx.options.get("delay", 1.0))
+    ctx.ready()
+    await anyio.sleep_forever()

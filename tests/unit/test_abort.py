@@ -123,3 +123,23 @@ def test_abort_on_a_blocking_channel_reaches_the_peer() -> None:
     with pytest.raises(BrokenResourceError, match="refuses this client"):
         ca.send("x")
     ca.close()
+
+
+# -- connecting to nothing ------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_connect_errors_name_the_path_and_keep_their_type(tmp_path: pathlib.Path) -> None:
+    missing = tmp_path / "nobody.sock"
+    with pytest.raises(FileNotFoundError, match=rf"no ringwire listener at {missing}"):
+        await ringwire.connect(missing)
+    with pytest.raises(FileNotFoundError, match="start the listener"):
+        ringwire.connect_sync(missing)
+    plain = tmp_path / "plain-file"
+    plain.write_text("not a socket")
+    with pytest.raises(ConnectionRefusedError, match=rf"no ringwire listener at {plain}"):
+        ringwire.connect_sync(plain)
+    with pytest.raises(ConnectionRefusedError) as info:
+        await ringwire.connect(plain)
+    assert isinstance(info.value.__cause__, ConnectionRefusedError)  # the original, chained
+    assert not [p for p in tmp_path.iterdir() if p.name != "plain-file"]

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import array
+import collections
+import dataclasses
+import datetime
+import decimal
+import enum
 import random
 import threading
-from typing import Any, Optional
+import uuid
+from typing import Any, NamedTuple, Optional
 
+import attrs
 import msgspec
 import numpy as np
 import pytest
@@ -25,11 +32,14 @@ from ringwire import (
     ExtCode,
     Record,
     RingwireError,
+    SGLangRecord,
+    SGLangState,
     SlotRef,
 )
 
 enc = Encoder()
 dec = Decoder()
+Ext = msgspec.msgpack.Ext
 
 
 def rt(obj: Any, decoder: Decoder = dec) -> Any:
@@ -96,6 +106,28 @@ GOLDEN = [
     pytest.param(torch.device("cpu"), "d609a3637075", id="ext9-torch-device"),
     pytest.param(np.dtype("<f4"), "d60aa33c6634", id="ext10-numpy-dtype"),
     pytest.param(np.int64(2), "c70f0b92a33c6938c4080200000000000000", id="ext11-numpy-scalar"),
+    # Ext 12-19 (ringwire/_wire/leaves.py): types msgspec would turn into an array or a str
+    pytest.param({1, 2}, "c7030c920102", id="ext12-set"),
+    pytest.param(frozenset({1, 2}), "c7030d920102", id="ext13-frozenset"),
+    pytest.param(
+        datetime.datetime(2026, 11, 29, 9, 0),
+        "c7140eb3323032362d31312d32395430393a30303a3030",  # "2026-11-29T09:00:00"
+        id="ext14-datetime",
+    ),
+    pytest.param(
+        datetime.datetime(
+            2026, 11, 29, 9, 0, tzinfo=datetime.timezone(datetime.timedelta(hours=1))
+        ),
+        "c71a0eb9323032362d31312d32395430393a30303a30302b30313a3030",  # ... "+01:00"
+        id="ext14-datetime-aware",
+    ),
+    pytest.param(datetime.date(2026, 11, 29), "c70b0faa323032362d31312d3239", id="ext15-date"),
+    pytest.param(datetime.time(9, 30), "c70910a830393a33303a3030", id="ext16-time"),
+    pytest.param(
+        datetime.timedelta(days=1, seconds=2, microseconds=3), "d61193010203", id="ext17-timedelta"
+    ),
+    pytest.param(uuid.UUID(int=1), "c71212c410" + "00" * 15 + "01", id="ext18-uuid"),
+    pytest.param(decimal.Decimal("1.5"), "d613a3312e35", id="ext19-decimal"),
 ]
 
 
@@ -135,6 +167,14 @@ def test_ext_code_table_is_stable() -> None:
         "TORCH_DEVICE": 9,
         "NUMPY_DTYPE": 10,
         "NUMPY_SCALAR": 11,
+        "SET": 12,
+        "FROZENSET": 13,
+        "DATETIME": 14,
+        "DATE": 15,
+        "TIME": 16,
+        "TIMEDELTA": 17,
+        "UUID": 18,
+        "DECIMAL": 19,
     }
 
 
@@ -163,6 +203,234 @@ def test_sglang_buffer_layout_is_length_prefixed_metadata_then_raw() -> None:
     mlen = int.from_bytes(ext.data[:4], "big")
     assert msgspec.msgpack.decode(ext.data[4 : 4 + mlen]) == [[10, 100], "<f4"]
     assert ext.data[4 + mlen :] == arr.tobytes()
+
+
+# The SGLang profile's forms (ringwire/_wire/sglang.py), written out by hand from SGLang's
+# rules; tests/unit/test_codec_sglang.py checks them against a model of SGLang's codec.
+
+
+class GoldenSGLangItem(SGLangRecord):
+    modality: str
+    hash: Optional[int] = None
+
+
+SGLANG_GOLDEN = [
+    pytest.param((1, 2), "920102", id="tuple-is-an-array"),
+    pytest.param(torch.Size([2, 3]), "920203", id="torch-size-is-an-array"),
+    pytest.param({1, 2}, "920102", id="set-is-an-array"),
+    pytest.param(np.int64(2), "02", id="numpy-int-is-an-int"),
+    pytest.param(np.float32(1.5), "cb3ff8000000000000", id="numpy-float-is-a-float64"),
+    pytest.param(np.bool_(True), "c3", id="numpy-bool-is-a-bool"),
+    pytest.param(
+        np.array(7, dtype="<i2"),  # 0-d: SGLang's np.ascontiguousarray makes it 1-d
+        "c70d0300000007929101a33c69320700",
+        id="ext3-0d-array-as-1d",
+    ),
+    pytest.param(
+        SGLangState(4, {"shm_name": "psm_1", "shape": torch.Size([2]), "dtype": torch.float32}),
+        "c74704"
+        "83"
+        "a8"
+        "73686d5f6e616d65"
+        "a5"
+        "70736d5f31"  # "shm_name": "psm_1"
+        "a5"
+        "7368617065"
+        "81"
+        "ae"
+        "5f5f746f7263685f73697a655f5f"
+        "9102"  # "shape": {"__torch_size__": [2]}
+        "a5"
+        "6474797065"
+        "81"
+        "af"
+        "5f5f746f7263685f64747970655f5f"
+        "a7"
+        "666c6f61743332",  # "dtype": {"__torch_dtype__": "float32"}
+        id="ext4-shm-pointer-state",
+    ),
+    pytest.param(
+        SGLangState(
+            5, {"proxy_state": {"t": (1,), "dev": torch.device("cpu")}, "sync_data_meta": None}
+        ),
+        "c74705"
+        "82"
+        "ab"
+        "70726f78795f7374617465"
+        "82"  # "proxy_state": {
+        "a1"
+        "74"
+        "81"
+        "a9"
+        "5f5f7475706c655f5f"
+        "9101"  # "t": {"__tuple__": [1]}
+        "a3"
+        "646576"
+        "81"
+        "b0"
+        "5f5f746f7263685f6465766963655f5f"
+        "a3"
+        "637075"  # "dev": {"__torch_device__": "cpu"}}
+        "ae"
+        "73796e635f646174615f6d657461"
+        "c0",  # "sync_data_meta": None
+        id="ext5-cuda-proxy-state",
+    ),
+    # model_specific_data last: ["image", 5, {}] (Record puts extras first)
+    pytest.param(
+        GoldenSGLangItem(modality="image", hash=5), "93a5696d6167650580", id="sglang-record"
+    ),
+]
+
+
+@pytest.mark.parametrize(("value", "hexbytes"), SGLANG_GOLDEN)
+def test_sglang_profile_golden_bytes(value: Any, hexbytes: str) -> None:
+    assert Encoder(profile="sglang").encode(value) == bytes.fromhex(hexbytes)
+    if isinstance(value, (SGLangState, SGLangRecord)):
+        tp = type(value) if isinstance(value, SGLangRecord) else Any
+        assert Decoder(tp, profile="sglang").decode(bytes.fromhex(hexbytes)) == value
+
+
+# ------------------------------------------------------------------ what each type becomes
+
+
+class _Color(enum.Enum):
+    RED = "red"
+
+
+class _Level(enum.IntEnum):
+    HIGH = 2
+
+
+class _Pair(NamedTuple):
+    a: int
+    b: int
+
+
+@dataclasses.dataclass
+class _Point:
+    x: int
+
+
+class _Plain(msgspec.Struct):
+    x: int
+
+
+@attrs.define
+class _AttrsPoint:
+    x: int
+
+
+_TZ = datetime.timezone(datetime.timedelta(hours=-5, minutes=-30))
+
+# (value, what it is once decoded in an untyped position): the README's table
+AUDIT: list[tuple[Any, Any]] = [
+    ({1, (2, 3)}, {1, (2, 3)}),
+    (frozenset({"a"}), frozenset({"a"})),
+    (type("MySet", (set,), {})({1}), {1}),
+    (datetime.datetime(2026, 1, 2, 3, 4, 5, 6), datetime.datetime(2026, 1, 2, 3, 4, 5, 6)),
+    (
+        datetime.datetime(2026, 1, 2, 3, 4, tzinfo=_TZ),
+        datetime.datetime(2026, 1, 2, 3, 4, tzinfo=_TZ),
+    ),
+    (datetime.date(2026, 1, 2), datetime.date(2026, 1, 2)),
+    (datetime.time(3, 4, 5, 6, tzinfo=_TZ), datetime.time(3, 4, 5, 6, tzinfo=_TZ)),
+    (datetime.timedelta(days=-1, microseconds=5), datetime.timedelta(days=-1, microseconds=5)),
+    (uuid.UUID(int=2**128 - 1), uuid.UUID(int=2**128 - 1)),
+    (decimal.Decimal("-0.000"), decimal.Decimal("-0.000")),
+    (decimal.Decimal("NaN"), None),  # NaN != NaN: checked by str below
+    (_Pair(1, (2,)), (1, (2,))),  # a NamedTuple is a tuple (its class is not sent)
+    (type("MyTuple", (tuple,), {})((1,)), (1,)),
+    (collections.OrderedDict(a=(1,)), {"a": (1,)}),
+    (collections.Counter("aa"), {"a": 2}),
+    (type("MyList", (list,), {})([(1,)]), [(1,)]),
+    (_Color.RED, "red"),  # user classes: their msgspec form; a typed field restores them
+    (_Level.HIGH, 2),
+    (_Point(1), {"x": 1}),
+    (_AttrsPoint(1), {"x": 1}),
+    (_Plain(1), {"x": 1}),
+    (bytearray(b"ab"), b"ab"),
+    (memoryview(b"ab"), b"ab"),
+    (np.arange(3).view(type("MyArray", (np.ndarray,), {})), np.arange(3)),  # a plain ndarray
+    (torch.nn.Parameter(torch.ones(2)), torch.ones(2)),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), AUDIT, ids=lambda v: type(v).__name__)
+def test_what_each_type_becomes(value: Any, expected: Any) -> None:
+    back = rt({"x": value})["x"]
+    if expected is None:
+        assert type(back) is type(value) and str(back) == str(value)
+        return
+    assert type(back) is type(expected)
+    if isinstance(expected, np.ndarray):
+        np.testing.assert_array_equal(back, expected)
+    elif isinstance(expected, torch.Tensor):
+        assert torch.equal(back, expected)
+    else:
+        assert back == expected
+    if isinstance(expected, (datetime.datetime, datetime.time)):
+        assert back.utcoffset() == value.utcoffset()
+
+
+def test_types_that_are_refused() -> None:
+    for value in (
+        collections.deque([1]),
+        1 + 2j,
+        range(3),
+        np.ma.masked_array([1, 2], mask=[0, 1]),
+        type("MyInt", (int,), {})(3),
+    ):
+        with pytest.raises(EncodeError):
+            enc.encode({"x": value})
+
+
+def test_typed_positions_keep_msgspecs_forms() -> None:
+    """Typed fields are left to msgspec, whose typed decoder restores each type."""
+
+    class T(Record):
+        tags: set[str] = set()
+        pairs: set[object] = set()  # untyped items: lifted, so tuples stay tuples
+        frozen: frozenset[int] = frozenset()
+        when: Optional[datetime.datetime] = None
+        id: Optional[uuid.UUID] = None
+        color: Optional[_Color] = None
+        point: Optional[_Pair] = None
+        dc: Optional[_Point] = None
+
+    v = T(
+        tags={"a", "b"},
+        pairs={(1, 2), (3, (4,))},
+        frozen=frozenset({1}),
+        when=datetime.datetime(2026, 1, 1),
+        id=uuid.UUID(int=3),
+        color=_Color.RED,
+        point=_Pair(1, 2),
+        dc=_Point(4),
+    )
+    wire = enc.encode(v)
+    assert msgspec.msgpack.decode(wire)[4] == "2026-01-01T00:00:00"  # msgspec's own form
+    back = Decoder(T).decode(wire)
+    assert back == v
+    assert type(back.point) is _Pair and type(back.dc) is _Point and back.color is _Color.RED
+
+
+def test_set_items_must_be_hashable() -> None:
+    forged = msgspec.msgpack.encode(Ext(12, msgspec.msgpack.encode([[1]])))
+    with pytest.raises(DecodeError, match="hashable"):
+        dec.decode(forged)
+    for code, payload, msg in (
+        (14, "not a date", "ISO 8601"),
+        (14, 5, "ISO 8601"),
+        (15, "2026-13-01", "ISO 8601"),
+        (17, [1, 2], "days, seconds"),
+        (17, [10**10, 0, 0], "out of range"),
+        (18, b"short", "16 bytes"),
+        (19, "one", "not a number"),
+        (13, {"a": 1}, "not an array"),
+    ):
+        with pytest.raises(DecodeError, match=msg):
+            dec.decode(msgspec.msgpack.encode(Ext(code, msgspec.msgpack.encode(payload))))
 
 
 # ------------------------------------------------------------------ numpy round trips
@@ -563,7 +831,17 @@ def _corpus() -> list[bytes]:
             ),
         },
     )
-    return [enc.encode(item), enc.encode([np.arange(5), (1, (2,)), {"x": torch.ones(2, 2)}])]
+    leaves = {
+        "s": {1, (2, 3), frozenset({4})},
+        "t": [datetime.datetime(2026, 1, 2, 3, 4, tzinfo=_TZ), datetime.date(2026, 1, 2)],
+        "u": (datetime.time(1, 2), datetime.timedelta(days=3), uuid.UUID(int=9)),
+        "d": decimal.Decimal("-1.5e-7"),
+    }
+    return [
+        enc.encode(item),
+        enc.encode([np.arange(5), (1, (2,)), {"x": torch.ones(2, 2)}]),
+        enc.encode(leaves),
+    ]
 
 
 @pytest.mark.parametrize("typed", [False, True])
