@@ -5,20 +5,21 @@ from __future__ import annotations
 import os
 import socket
 import time
+from functools import partial
 from typing import Any
 
 import anyio
 
 from .._shm.handshake import client_handshake, drive_async, drive_sync
 from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
-from .._shm.sockets import check_peer
+from .._shm.sockets import check_peer, hung_up
 from .._wire.ring import validate_capacity
 from .async_channel import Channel
 from .endpoint import DEFAULT_SPIN_US, Endpoint
 from .listener import DEFAULT_HANDSHAKE_TIMEOUT
 from .sync_channel import SyncChannel
 
-__all__ = ["DEFAULT_CAPACITY", "connect", "connect_sync"]
+__all__ = ["DEFAULT_CAPACITY", "check_options", "connect", "connect_sync"]
 
 DEFAULT_CAPACITY = 1 << 20
 """Bytes of each ring lane's data area (records up to half of it travel inline)."""
@@ -28,6 +29,14 @@ def _client_socket(path: str | os.PathLike[str]) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     return sock
+
+
+def check_options(spin_us: float, timeout: float) -> None:
+    """Refuse bad ``spin_us`` / ``timeout`` before anything is made."""
+    if isinstance(spin_us, bool) or not isinstance(spin_us, (int, float)) or not spin_us >= 0:
+        raise ValueError(f"spin_us must be a number of microseconds >= 0, not {spin_us!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, not {timeout!r}")
 
 
 def _no_listener(path: str | os.PathLike[str], exc: OSError) -> OSError:
@@ -75,6 +84,7 @@ async def connect(
     :class:`HandshakeError` if the listener refuses, ``TimeoutError`` after ``timeout``.
     """
     validate_capacity(capacity)
+    check_options(spin_us, timeout)
     slots = resolve_config(slots)
     sock = _client_socket(path)
     try:
@@ -88,7 +98,9 @@ async def connect(
                 except OSError as exc:
                     raise _no_listener(path, exc) from exc
             check_peer(sock)
-            transport = await drive_async(client_handshake(capacity, slots), sock)
+            transport = await drive_async(
+                client_handshake(capacity, slots, partial(hung_up, sock)), sock
+            )
     except BaseException:
         sock.close()
         raise
@@ -106,6 +118,7 @@ def connect_sync(
 ) -> SyncChannel:
     """Blocking :func:`connect`: returns a :class:`SyncChannel`."""
     validate_capacity(capacity)
+    check_options(spin_us, timeout)
     slots = resolve_config(slots)
     deadline = time.monotonic() + timeout
     sock = _client_socket(path)
@@ -121,7 +134,9 @@ def connect_sync(
                     raise TimeoutError(f"cannot connect to {path}: listener busy") from None
                 time.sleep(0.001)
         check_peer(sock)
-        transport = drive_sync(client_handshake(capacity, slots), sock, deadline)
+        transport = drive_sync(
+            client_handshake(capacity, slots, partial(hung_up, sock)), sock, deadline
+        )
     except BaseException:
         sock.close()
         raise

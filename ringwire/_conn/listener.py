@@ -31,7 +31,7 @@ from .._shm.segment import pid_alive, sweep
 from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
 from .._shm.sockets import bind_unix_socket, check_peer
 from .._shm.transport import ShmTransport
-from .._wire.ring import MAX_CAPACITY
+from .._wire.ring import MAX_CAPACITY, validate_capacity
 from .async_channel import AsyncWaker, Channel
 from .endpoint import DEFAULT_SPIN_US, EMPTY, Endpoint
 from .statistics import ListenerStatistics
@@ -96,6 +96,13 @@ class _ListenerBase:
         slots: SlotConfig | None = DEFAULT_SLOTS,
     ) -> None:
         self.path = os.fspath(path)
+        if not isinstance(spin_us, (int, float)) or not spin_us >= 0:
+            raise ValueError(f"spin_us must be a number >= 0, not {spin_us!r}")
+        if not isinstance(handshake_timeout, (int, float)) or not handshake_timeout > 0:
+            raise ValueError(f"handshake_timeout must be > 0 seconds, not {handshake_timeout!r}")
+        if not isinstance(backlog, int) or backlog < 1:
+            raise ValueError(f"backlog must be an int >= 1, not {backlog!r}")
+        validate_capacity(max_capacity)
         self._type = type
         self._slots = resolve_config(slots)
         self._spin_us = spin_us
@@ -138,10 +145,31 @@ class Listener(_ListenerBase):
     connection it accepted and removes the socket file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], **config: Any) -> None:
-        """``config``: see :class:`_ListenerBase` (``type``, ``spin_us``,
-        ``max_capacity``, ``handshake_timeout``, ``backlog``, ``slots``)."""
-        super().__init__(path, **config)
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        type: Any = Any,
+        spin_us: float = DEFAULT_SPIN_US,
+        max_capacity: int = MAX_CAPACITY,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        backlog: int = 128,
+        slots: SlotConfig | None = DEFAULT_SLOTS,
+    ) -> None:
+        """``type`` decodes the records of every accepted connection; ``spin_us`` is
+        their spin budget; ``max_capacity`` bounds the rings a client may announce;
+        ``handshake_timeout`` bounds one handshake; ``backlog`` is the socket's listen
+        backlog; ``slots`` is this side's send pool on every accepted connection (see
+        :func:`connect`).  Raises ``ValueError`` / ``TypeError`` for bad values."""
+        super().__init__(
+            path,
+            type=type,
+            spin_us=spin_us,
+            max_capacity=max_capacity,
+            handshake_timeout=handshake_timeout,
+            backlog=backlog,
+            slots=slots,
+        )
         self._spin_ns = int(max(0.0, float(self._spin_us)) * 1000)
         self._sock: socket.socket | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -472,17 +500,53 @@ class Listener(_ListenerBase):
             raise StopAsyncIteration from None
 
 
-def listen(path: str | os.PathLike[str], **kwargs: Any) -> Listener:
-    """A :class:`Listener` at ``path``; use it as ``async with listen(path) as l:``."""
-    return Listener(path, **kwargs)
+def listen(
+    path: str | os.PathLike[str],
+    *,
+    type: Any = Any,
+    spin_us: float = DEFAULT_SPIN_US,
+    max_capacity: int = MAX_CAPACITY,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    backlog: int = 128,
+    slots: SlotConfig | None = DEFAULT_SLOTS,
+) -> Listener:
+    """A :class:`Listener` at ``path``; use it as ``async with listen(path) as l:``.
+    The keywords are :class:`Listener`'s."""
+    return Listener(
+        path,
+        type=type,
+        spin_us=spin_us,
+        max_capacity=max_capacity,
+        handshake_timeout=handshake_timeout,
+        backlog=backlog,
+        slots=slots,
+    )
 
 
 class SyncListener(_ListenerBase):
     """A blocking listener: :meth:`accept` returns :class:`SyncChannel` s."""
 
-    def __init__(self, path: str | os.PathLike[str], **config: Any) -> None:
-        """``config``: as :class:`Listener`."""
-        super().__init__(path, **config)
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        type: Any = Any,
+        spin_us: float = DEFAULT_SPIN_US,
+        max_capacity: int = MAX_CAPACITY,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        backlog: int = 128,
+        slots: SlotConfig | None = DEFAULT_SLOTS,
+    ) -> None:
+        """The keywords are :class:`Listener`'s."""
+        super().__init__(
+            path,
+            type=type,
+            spin_us=spin_us,
+            max_capacity=max_capacity,
+            handshake_timeout=handshake_timeout,
+            backlog=backlog,
+            slots=slots,
+        )
         self._sock: socket.socket | None = bind_unix_socket(self.path, self._backlog)
         sweep()  # names left by dead processes (as Listener)
         self.refused = 0

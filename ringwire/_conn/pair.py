@@ -13,6 +13,7 @@ import socket
 import time
 import warnings
 import weakref
+from functools import partial
 from typing import Any
 
 import anyio
@@ -26,10 +27,10 @@ from .._shm.handshake import (
     server_handshake,
 )
 from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
-from .._shm.sockets import check_peer
+from .._shm.sockets import check_peer, hung_up
 from .._wire.ring import MAX_CAPACITY, validate_capacity
 from .async_channel import Channel
-from .connect import DEFAULT_CAPACITY
+from .connect import DEFAULT_CAPACITY, check_options
 from .endpoint import DEFAULT_SPIN_US, Endpoint
 from .sync_channel import SyncChannel
 
@@ -114,9 +115,11 @@ class PairEnd:
         sock, self._sock = self._sock, None
         return sock
 
-    def _handshake(self, pid: int, slots: SlotConfig | None) -> HandshakeGen:
+    def _handshake(
+        self, sock: socket.socket, pid: int, slots: SlotConfig | None
+    ) -> HandshakeGen:
         if self._role == "client":
-            return client_handshake(self._capacity, slots)
+            return client_handshake(self._capacity, slots, partial(hung_up, sock))
         return server_handshake(pid, MAX_CAPACITY, slots)
 
     async def connect(
@@ -129,12 +132,13 @@ class PairEnd:
     ) -> Channel:
         """Finish the connection (the other end must connect too); the async endpoint.
         ``slots`` configures this end's tensor-slot send pool (see :func:`connect`)."""
+        check_options(spin_us, timeout)
         slots = resolve_config(slots)
         sock = self._take()
         try:
             with anyio.fail_after(timeout):
                 pid = check_peer(sock)
-                transport = await drive_async(self._handshake(pid, slots), sock)
+                transport = await drive_async(self._handshake(sock, pid, slots), sock)
         except BaseException:
             sock.close()
             raise
@@ -150,12 +154,13 @@ class PairEnd:
         slots: SlotConfig | None = DEFAULT_SLOTS,
     ) -> SyncChannel:
         """Blocking :meth:`connect`."""
+        check_options(spin_us, timeout)
         slots = resolve_config(slots)
         sock = self._take()
         try:
             deadline = time.monotonic() + timeout
             pid = check_peer(sock)
-            transport = drive_sync(self._handshake(pid, slots), sock, deadline)
+            transport = drive_sync(self._handshake(sock, pid, slots), sock, deadline)
         except BaseException:
             sock.close()
             raise

@@ -17,7 +17,7 @@ import os
 import select
 import socket
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,9 +104,24 @@ def _attach_peer_pool(specs: Sequence[SegmentSpec]) -> tuple[Segment, PoolLayout
     return seg, layout
 
 
-def client_handshake(capacity: int, slots: SlotConfig | None = None) -> HandshakeGen:
+def client_handshake(
+    capacity: int,
+    slots: SlotConfig | None = None,
+    peer_gone: Callable[[], bool] | None = None,
+) -> HandshakeGen:
+    """The connecting side.  ``peer_gone`` (non-blocking) is asked while the rings and
+    the pool are reserved, which takes tens of milliseconds for a large pool on a busy
+    machine: a listener that dies meanwhile is noticed then, not after."""
+
+    def keep_going() -> None:
+        if peer_gone is not None and peer_gone():
+            raise HandshakeError(
+                "the listener closed the connection during the handshake (while this "
+                "side reserved its rings and slot pool)"
+            )
+
     lane = ring_size(capacity)
-    seg = Segment.create(2 * lane)
+    seg = Segment.create(2 * lane, keep_going)
     own: tuple[Segment, PoolLayout, SlotConfig] | None = None
     peer: tuple[Segment, PoolLayout] | None = None
     try:
@@ -114,9 +129,11 @@ def client_handshake(capacity: int, slots: SlotConfig | None = None) -> Handshak
         init_ring(seg.buf, lane, capacity)
         specs = [SegmentSpec(seg.name, seg.size, "rings")]
         if slots is not None:
-            pseg, layout = create_pool(slots)
+            keep_going()
+            pseg, layout = create_pool(slots, keep_going)
             own = (pseg, layout, slots)
             specs.append(SegmentSpec(pseg.name, pseg.size, "slots"))
+            keep_going()
         hs = Handshake("client")
         hello = Hello(
             versions=list(SUPPORTED_VERSIONS),

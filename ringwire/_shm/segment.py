@@ -23,6 +23,7 @@ import errno
 import mmap
 import os
 import stat
+from collections.abc import Callable
 
 import posix_ipc
 
@@ -55,11 +56,23 @@ def _round_up(size: int) -> int:
     return (size + _PAGE - 1) // _PAGE * _PAGE
 
 
-def _allocate(fd: int, size: int) -> None:
+_CHUNK = 16 << 20  # a reservation asks ``keep_going`` again after this many bytes
+
+
+def _allocate(fd: int, size: int, keep_going: Callable[[], None] | None = None) -> None:
     """Reserve ``size`` bytes of tmpfs for ``fd`` now, so that touching them later
-    cannot SIGBUS."""
+    cannot SIGBUS.  ``keep_going`` (if given) is called between chunks of
+    :data:`_CHUNK` bytes and may raise to stop: reserving a large pool takes tens of
+    milliseconds on a busy machine, and the peer may die meanwhile."""
+    chunk = size if keep_going is None else _CHUNK
+    off = 0
     try:
-        os.posix_fallocate(fd, 0, size)
+        while off < size:
+            n = min(chunk, size - off)
+            os.posix_fallocate(fd, off, n)
+            off += n
+            if keep_going is not None and off < size:
+                keep_going()
         return
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
@@ -70,6 +83,8 @@ def _allocate(fd: int, size: int) -> None:
     off = 0
     while off < size:
         off += os.pwrite(fd, zeros[: size - off], off)
+        if keep_going is not None and off % _CHUNK < len(zeros) and off < size:
+            keep_going()
 
 
 class Segment:
@@ -89,8 +104,9 @@ class Segment:
         return f"<Segment {self.name} {self.size} bytes {state}>"
 
     @classmethod
-    def create(cls, size: int) -> Segment:
-        """Create, reserve and map a new segment of at least ``size`` bytes."""
+    def create(cls, size: int, keep_going: Callable[[], None] | None = None) -> Segment:
+        """Create, reserve and map a new segment of at least ``size`` bytes;
+        ``keep_going`` may stop a long reservation (see :func:`_allocate`)."""
         if size <= 0:
             raise ValueError("segment size must be positive")
         size = _round_up(size)
@@ -105,7 +121,7 @@ class Segment:
             raise SegmentError("could not find a free shared-memory name")
         try:
             try:
-                _allocate(shm.fd, size)
+                _allocate(shm.fd, size, keep_going)
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
                     raise SharedMemoryFull(

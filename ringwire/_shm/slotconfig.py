@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -195,11 +195,14 @@ def _human(n: int) -> str:
 # -- segments ---------------------------------------------------------------------------
 
 
-def create_pool(config: SlotConfig) -> tuple[Segment, PoolLayout]:
-    """Create, reserve and initialise a send-pool segment."""
+def create_pool(
+    config: SlotConfig, keep_going: Callable[[], None] | None = None
+) -> tuple[Segment, PoolLayout]:
+    """Create, reserve and initialise a send-pool segment (``keep_going``: see
+    :meth:`Segment.create`)."""
     psize = pool_size(config.classes)
     try:
-        seg = Segment.create(psize + ring_size(RELEASE_CAPACITY))
+        seg = Segment.create(psize + ring_size(RELEASE_CAPACITY), keep_going)
     except SharedMemoryFull as exc:
         raise SharedMemoryFull(
             f"{exc}; this is a tensor-slot pool ({config.describe()}): configure smaller "

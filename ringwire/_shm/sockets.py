@@ -8,13 +8,24 @@ is refused before a byte of the handshake is read.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import stat
 import struct
 
 from .._errors import PeerCredentialsError
 
-__all__ = ["bind_unix_socket", "check_peer", "peer_credentials"]
+__all__ = ["bind_unix_socket", "check_peer", "hung_up", "peer_credentials"]
+
+_HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+
+
+def hung_up(sock: socket.socket) -> bool:
+    """Has the other end of ``sock`` closed (or died)?  Never waits, reads nothing."""
+    p = select.poll()
+    p.register(sock.fileno(), _HANGUP)
+    return bool(p.poll(0))
+
 
 _UCRED = struct.Struct("3i")
 
