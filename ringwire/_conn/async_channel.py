@@ -28,9 +28,8 @@ from anyio import ClosedResourceError, EndOfStream, WouldBlock
 from .._errors import NeedSlot
 from .._shm.slotconfig import check_policy, loan_spec
 from . import waits
-from .driving import ReceiptBase, warn_held
+from .driving import EndpointFacade, ReceiptBase, warn_held
 from .endpoint import EMPTY, UNSET, Endpoint
-from .statistics import ChannelStatistics
 
 __all__ = ["AsyncWaker", "Channel", "Receipt"]
 
@@ -176,7 +175,7 @@ class Receipt(ReceiptBase):
             await self._run(waits.consumed(self._core, self._pairs))
 
 
-class Channel(anyio.abc.ObjectStream[Any]):
+class Channel(EndpointFacade, anyio.abc.ObjectStream[Any]):
     """The async endpoint of a connection (asyncio, trio, uvloop; via anyio).
 
     Object-stream semantics as in anyio: :meth:`send` / :meth:`receive` (and their
@@ -187,28 +186,9 @@ class Channel(anyio.abc.ObjectStream[Any]):
     """
 
     def __init__(self, core: Endpoint, waker: AsyncWaker | None = None) -> None:
-        self._core = core
+        super().__init__(core)
         self._waker = waker if waker is not None else AsyncWaker(core)
         self._fast_ops = 0
-        self.peer_pid = core.peer_pid
-        self.protocol_version = core.version
-        self.name = core.name
-
-    def __repr__(self) -> str:
-        label = f" {self.name}" if self.name else ""
-        return f"<Channel{label} peer pid {self.peer_pid} {self._core.state()}>"
-
-    @property
-    def closed(self) -> bool:
-        """Did *we* close this endpoint?"""
-        return self._core.closed
-
-    def fileno(self) -> int:
-        """The transport's descriptor (readable when a doorbell or hang-up is pending)."""
-        return self._core.transport.fileno()
-
-    def statistics(self) -> ChannelStatistics:
-        return self._core.statistics()
 
     def poll_peer(self) -> bool:
         """Read what the transport holds now, without waiting: a peer that just died is

@@ -1,5 +1,6 @@
-"""What both drivers share: receipts of sent records, and the warning on closing
-while received slot arrays are alive."""
+"""What both drivers share: the face of an endpoint (its name, state, descriptor,
+statistics), receipts of sent records, and the warning on closing while received
+slot arrays are alive."""
 
 from __future__ import annotations
 
@@ -8,8 +9,38 @@ from collections.abc import Sequence
 from typing import Any
 
 from .endpoint import Endpoint
+from .statistics import ChannelStatistics
 
-__all__ = ["ReceiptBase", "warn_held"]
+__all__ = ["EndpointFacade", "ReceiptBase", "warn_held"]
+
+
+class EndpointFacade:
+    """What :class:`~ringwire.Channel` and :class:`~ringwire.SyncChannel` show alike:
+    ``peer_pid``, ``protocol_version``, ``name``, :attr:`closed`, :meth:`fileno`,
+    :meth:`statistics`."""
+
+    def __init__(self, core: Endpoint) -> None:
+        self._core = core
+        self.peer_pid = core.peer_pid
+        self.protocol_version = core.version
+        self.name = core.name
+
+    def __repr__(self) -> str:
+        label = f" {self.name}" if self.name else ""
+        return f"<{type(self).__name__}{label} peer pid {self.peer_pid} {self._core.state()}>"
+
+    @property
+    def closed(self) -> bool:
+        """Did *we* close this endpoint?"""
+        return self._core.closed
+
+    def fileno(self) -> int:
+        """The transport's descriptor (readable when a doorbell or hang-up is pending)."""
+        return self._core.transport.fileno()
+
+    def statistics(self) -> ChannelStatistics:
+        """A snapshot of this connection's counters."""
+        return self._core.statistics()
 
 
 def warn_held(owner: Any, held: int) -> None:

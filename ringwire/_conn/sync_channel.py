@@ -23,9 +23,8 @@ from anyio import EndOfStream, WouldBlock
 from .._errors import NeedSlot
 from .._shm.slotconfig import check_policy, loan_spec
 from . import waits
-from .driving import ReceiptBase, warn_held
+from .driving import EndpointFacade, ReceiptBase, warn_held
 from .endpoint import EMPTY, UNSET, Endpoint
-from .statistics import ChannelStatistics
 
 __all__ = ["SyncChannel", "SyncReceipt", "SyncWaker"]
 
@@ -88,7 +87,7 @@ class SyncReceipt(ReceiptBase):
             self._run(waits.consumed(self._core, self._pairs, _deadline(timeout)))
 
 
-class SyncChannel:
+class SyncChannel(EndpointFacade):
     """The blocking endpoint of a connection, for threads and plain scripts.
 
     ``send`` / ``receive`` take ``timeout`` (seconds, ``None`` = forever) and raise
@@ -98,29 +97,10 @@ class SyncChannel:
     """
 
     def __init__(self, core: Endpoint) -> None:
-        self._core = core
+        super().__init__(core)
         self._waker = SyncWaker(core)
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
-        self.peer_pid = core.peer_pid
-        self.protocol_version = core.version
-        self.name = core.name
-
-    def __repr__(self) -> str:
-        label = f" {self.name}" if self.name else ""
-        return f"<SyncChannel{label} peer pid {self.peer_pid} {self._core.state()}>"
-
-    @property
-    def closed(self) -> bool:
-        """Did *we* close this endpoint?"""
-        return self._core.closed
-
-    def fileno(self) -> int:
-        """The transport's descriptor (readable when a doorbell or hang-up is pending)."""
-        return self._core.transport.fileno()
-
-    def statistics(self) -> ChannelStatistics:
-        return self._core.statistics()
 
     def poll_peer(self) -> bool:
         """As :meth:`Channel.poll_peer`: notice a peer that just died, without waiting;
