@@ -2,11 +2,26 @@
 
 A CUDA tensor at or above ``SlotConfig.cuda_threshold`` bytes travels as a
 :class:`~ringwire.CudaRef` naming a byte range in the producer's *GPU pool* for that
-device: one ``cudaMalloc``'d block, allocated the first time a tensor of that device is
-sent on the connection and exported (``cudaIpcGetMemHandle``) exactly once.  The
-consumer opens the handle the first time it sees the pool and keeps the mapping for
-the life of the connection -- opening a handle is slow, and a handle can be opened only
-once per process.
+device: one block of device memory of its own, allocated the first time a tensor of
+that device is sent on the connection (or taken from the blocks earlier connections of
+this process gave back) and exported (``cudaIpcGetMemHandle``, through torch) once per
+connection.  The consumer opens the handle the first time it sees the pool and keeps
+the mapping for the life of the connection -- opening a handle is slow, and a handle
+can be opened only once per process.  How long a block lives, and why it is exported
+again for every connection, is :mod:`ringwire._shm.cudablocks`.
+
+The block is its own
+--------------------
+torch's ``_share_cuda_`` exports the whole ``cudaMalloc`` segment a tensor lies in, plus
+the tensor's offset (``DeviceCachingAllocator::shareIpcHandle``): a consumer that maps
+it can address everything else the caching allocator put in that segment.  So the pool
+is allocated in a private ``torch.cuda.MemPool`` of its own (``use_mem_pool``): the
+first allocation of a fresh private pool is a fresh segment, which nothing else of the
+process is ever placed in.  The export is checked to start at the segment (offset 0).
+Without ``MemPool`` and ``use_mem_pool`` (older torch) the pool is at least 10 MiB, a
+multiple of 2 MiB (then the caching allocator rounds a new segment to exactly that
+size), and ``torch.cuda.memory_snapshot()`` must show it as a segment alone, or the
+pool is refused with a :class:`~ringwire.RingwireError`.
 
 What is shared with SHM slots
 -----------------------------
@@ -18,6 +33,15 @@ high half (:func:`cuda_tag`), so acknowledgements, receipts, reclaim on peer dea
 refusal of double or forged releases and the doorbell are the SHM code, unchanged.
 A CUDA pool therefore needs the connection's SHM slot pool (``slots=`` not ``None``).
 
+Devices
+-------
+Device numbers are per process (``CUDA_VISIBLE_DEVICES`` may differ, or order them
+differently), so a reference also carries the device's UUID
+(``torch.cuda.get_device_properties(d).uuid``); the consumer maps it to its own index
+and refuses, with a :class:`~ringwire.DecodeError` that says so, a device it does not
+see.  The producer's index stays in the reference: it names the pool (its id, the
+release tags).  A reference without a UUID (an older producer) uses the index as is.
+
 Validation on the consumer
 --------------------------
 The consumer cannot read the producer's table, so it checks what it can know:
@@ -25,7 +49,7 @@ The consumer cannot read the producer's table, so it checks what it can know:
 * the pool id must be the one this connection's producer has for that device (it is
   derived from the SHM pool id both sides already share: :func:`cuda_pool_id`), so a
   reference to any other pool -- another producer's, another connection's -- is
-  refused before anything is opened;
+  refused before anything is opened; one announcement opens one pool only;
 * the slot index, and ``[offset, offset + nbytes)`` within that slot, against the slot
   classes the producer announced with the pool;
 * the generation must be newer than any it has seen for that slot (a producer reuses a
@@ -46,9 +70,17 @@ Release: when the last view of a received tensor dies, the finalizer records an 
 on the stream that was current when the tensor was received and queues it; a release
 thread waits for that event (a *blocking-sync* event: the thread sleeps in the driver,
 it does not spin or poll) and only then pushes the release.  So a slot is acknowledged
-only after every kernel the consumer enqueued on it before dropping it has finished.
-Work the consumer enqueues on *other* streams must be ordered by the consumer (as with
-``Tensor.record_stream``), or the tensor released explicitly after a synchronize.
+only after every kernel the consumer enqueued *on that stream* before dropping it has
+finished.  The release thread makes the event's device its current device first
+(``cudaEventSynchronize`` needs no particular device, but the first CUDA call of a
+thread without one creates a context on GPU 0).
+
+Work on *other* streams is not covered, and ``Tensor.record_stream`` does not help:
+the caching allocator ignores it for memory it did not allocate
+(``NativeCachingAllocator::recordStream`` returns when the storage's deleter is not its
+own), and a received tensor views the producer's pool.  Order such work into the
+receiving stream before the last view dies (``torch.cuda.current_stream().wait_stream(s)``
+or an event), synchronize, or keep a copy (``copy_out``).
 
 Without CUDA
 ------------
@@ -62,7 +94,9 @@ The backend
 -----------
 Every CUDA call goes through a small backend object (:class:`TorchCudaBackend`), so the
 protocol above is exercised on machines without a GPU by a simulated backend in the
-test suite (device memory in a shared-memory segment, events that complete on demand).
+test suite (device memory and torch's reference counters in memfds, events that
+complete on demand and fail when used after their exporter destroyed them, device
+UUIDs).
 """
 
 from __future__ import annotations
@@ -70,23 +104,33 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgspec
 
-from .._errors import DecodeError
+from .._errors import DecodeError, RingwireError
 from .._wire.descriptors import CudaRef
 from .._wire.dtypes import torch_dtype_from_wire, torch_dtype_to_wire, torch_loaded, torch_module
 from .._wire.slotlayout import (
     LOANED,
-    SENT,
     PoolLayout,
     SlotAllocator,
     SlotClass,
     init_pool,
     plan_pool,
+)
+from .cudablocks import (
+    Block,
+    Export,
+    Mapping,
+    drop_idle_pools,
+    lingering_pools,
+    local_export,
+    retire,
+    sweep,
+    take_idle,
+    take_lease,
 )
 
 __all__ = [
@@ -99,13 +143,17 @@ __all__ = [
     "cuda_pool_id",
     "cuda_tag",
     "drop_idle_pools",
+    "lingering_pools",
+    "local_device_of",
     "set_cuda_backend",
     "split_tag",
+    "sweep",
 ]
 
 _MASK64 = (1 << 64) - 1
 _TAG_SHIFT = 32
-_POOL_ALIGN = 2 << 20  # the caching allocator's large-block granularity: the pool owns its block
+_POOL_ALIGN = 2 << 20  # the caching allocator rounds large segments to 2 MiB
+_MIN_OWN_SEGMENT = 10 << 20  # below this a new segment is 20 MiB, shared (kMinLargeAlloc)
 
 
 def cuda_tag(device: int, slot: int) -> int:
@@ -141,12 +189,13 @@ class CudaNeed(NamedTuple):
 
 
 class TorchCudaBackend:
-    """CUDA through torch: pools, IPC handles, interprocess events, streams."""
+    """CUDA through torch: pools, IPC handles and counters, interprocess events, streams."""
 
     name = "cuda"
 
     def __init__(self) -> None:
         self.torch = torch_module()
+        self._uuids: list[bytes] | None = None
 
     # tensors
     def is_device_tensor(self, t: Any) -> bool:
@@ -162,20 +211,86 @@ class TorchCudaBackend:
     def current_device(self) -> int:
         return int(self.torch.cuda.current_device())
 
+    # devices
+    def device_uuid(self, device: int) -> bytes:
+        uuid = self.torch.cuda.get_device_properties(device).uuid
+        raw = getattr(uuid, "bytes", None)
+        if raw is not None:
+            return bytes(raw)
+        return bytes.fromhex(str(uuid).removeprefix("GPU-").replace("-", ""))
+
+    def local_device(self, uuid: bytes) -> int | None:
+        """This process's index of the device ``uuid`` names, or ``None``."""
+        if self._uuids is None:
+            self._uuids = [self.device_uuid(d) for d in range(self.device_count())]
+        try:
+            return self._uuids.index(uuid)
+        except ValueError:
+            return None
+
     # pools
     def empty(self, shape: Any, dtype: Any, device: int) -> Any:
         return self.torch.empty(shape, dtype=dtype, device=f"cuda:{device}")
 
     def alloc_pool(self, device: int, nbytes: int) -> Any:
-        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=f"cuda:{device}")
+        """Device memory that is a segment of its own (see the module docstring)."""
+        torch = self.torch
+        cuda = torch.cuda
+        mempool, use_mem_pool = getattr(cuda, "MemPool", None), getattr(cuda, "use_mem_pool", None)
+        with cuda.device(device):
+            if mempool is not None and use_mem_pool is not None:
+                pool = mempool()
+                with use_mem_pool(pool):
+                    memory = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+                # the private pool's blocks stay valid without it (releasePool), but
+                # it is kept with the tensor all the same
+                memory.ringwire_mempool = pool
+                return memory
+            size = max(nbytes, _MIN_OWN_SEGMENT)
+            size = -(-size // _POOL_ALIGN) * _POOL_ALIGN
+            memory = torch.empty(size, dtype=torch.uint8, device=f"cuda:{device}")
+            ptr = memory.data_ptr()
+            alone = any(
+                s.get("device") == device
+                and s.get("address") == ptr
+                and s.get("total_size") == size
+                for s in cuda.memory_snapshot()
+            )
+            if not alone:
+                raise RingwireError(
+                    f"the GPU pool for cuda:{device} could not get a segment of its own "
+                    "(this torch has no torch.cuda.MemPool; a consumer could map other "
+                    "memory of this process): use a torch with torch.cuda.use_mem_pool, "
+                    "allocate the pool before other tensors, or send through the host "
+                    "(SlotConfig(cuda='stage'))"
+                )
+            return memory
 
     def address(self, memory: Any) -> int:
         return int(memory.data_ptr())
 
     def export_pool(self, memory: Any) -> list[Any]:
-        # (device, handle, size, offset, ref counter handle, ref counter offset,
-        #  event handle, event sync required): plain bytes, ints and a bool
-        return list(memory.untyped_storage()._share_cuda_())
+        """A new export of ``memory``: (device, handle, size, offset in the segment,
+        ref counter handle, ref counter offset, event handle, event sync required),
+        plain bytes, ints and a bool.  Every call puts the storage behind a new
+        reference counter, starting at 1 (``THPStorage_shareCuda``)."""
+        # torch's own IPC entry point (what torch.multiprocessing's reductions call)
+        exported = list(memory.untyped_storage()._share_cuda_())  # noqa: SLF001
+        if exported[3] != 0:
+            raise RingwireError(
+                f"the GPU pool lies at offset {exported[3]} of a segment it shares: a "
+                "consumer could map other memory of this process"
+            )
+        return exported
+
+    def release_counter(self, exported: list[Any]) -> None:
+        """Subtract 1 from the export's reference counter, as the deleter of a storage
+        opened with ``_new_shared_cuda`` does (for an opener that never will)."""
+        # torch's own entry point (rebuild_cuda_tensor in reductions.py calls it)
+        self.torch.UntypedStorage._release_ipc_counter_cuda(exported[4], exported[5])  # noqa: SLF001
+
+    def collect(self) -> None:
+        self.torch.cuda.ipc_collect()
 
     def open_pool(self, device: int, exported: list[Any], nbytes: int) -> Any:
         torch = self.torch
@@ -184,7 +299,10 @@ class TorchCudaBackend:
         # torch's own IPC entry points (what torch.multiprocessing's reductions call)
         torch.cuda._lazy_init()  # noqa: SLF001
         args = list(exported)
-        args[0] = device
+        args[0] = device  # this process's index of the device (the producer's may differ)
+        # the export-time event orders nothing we need (every slot has its own), and
+        # _new_shared_cuda would open it and never destroy it
+        args[7] = False
         storage = torch.UntypedStorage._new_shared_cuda(*args)  # noqa: SLF001
         if storage.nbytes() < nbytes:
             raise DecodeError(
@@ -200,11 +318,18 @@ class TorchCudaBackend:
         dst.copy_(t.detach())
 
     def view(
-        self, memory: Any, offset: int, nbytes: int, dtype: Any, shape: Any
+        self,
+        memory: Any,
+        offset: int,
+        nbytes: int,
+        dtype: Any,
+        shape: Any,
+        owner: Any = None,
     ) -> tuple[Any, Any]:
         """A tensor over ``memory[offset:offset + nbytes]`` and the object whose death
-        means every view of it is gone (torch holds it in the storage's deleter)."""
-        span = _CudaSpan(self.address(memory) + offset, nbytes, memory)
+        means every view of it is gone (torch holds it in the storage's deleter); it
+        keeps ``owner`` (default: ``memory``) alive."""
+        span = _CudaSpan(self.address(memory) + offset, nbytes, memory if owner is None else owner)
         with self.torch.cuda.device(memory.device):  # older torch labels it the current one
             flat = self.torch.as_tensor(span, device=memory.device)  # holds span until freed
         return flat.view(dtype).view(shape), span
@@ -234,7 +359,13 @@ class TorchCudaBackend:
         event.record(stream)
         return event
 
-    def synchronize(self, event: Any) -> None:
+    def synchronize(self, event: Any, device: int | None = None) -> None:
+        """Wait for ``event`` (in the release thread).  ``device``: the event's, made
+        this thread's current device first, so that the wait creates no context on
+        GPU 0 (the default device of a thread that has none)."""
+        cuda = self.torch.cuda
+        if device is not None and cuda.current_device() != device:
+            cuda.set_device(device)
         event.synchronize()
 
 
@@ -261,6 +392,19 @@ class _CudaSpan:
 _backend: Any = None
 _backend_probed = False
 _backend_lock = threading.Lock()
+_BACKEND_METHODS = (
+    "is_device_tensor",
+    "device_index",
+    "device_count",
+    "alloc_pool",
+    "export_pool",
+    "open_pool",
+    "view",
+    "new_event",
+    "open_event",
+    "release_event",
+    "synchronize",
+)
 
 
 def cuda_backend(import_torch: bool = False) -> Any:
@@ -288,38 +432,35 @@ def cuda_backend(import_torch: bool = False) -> Any:
     return _backend
 
 
-def set_cuda_backend(backend: Any) -> Any:
-    """Install ``backend`` (``None``: probe again); return the previous one.  For tests."""
+def set_cuda_backend(backend: Any, *, probe: bool = True) -> Any:
+    """Install ``backend``; return the previous one.  For tests.
+
+    ``set_cuda_backend(None)`` forgets the backend: the next use probes torch again
+    (on a machine with CUDA that installs the real one).  ``set_cuda_backend(None,
+    probe=False)`` says "probed: no backend" -- this process behaves as one without
+    CUDA whatever the machine has."""
     global _backend, _backend_probed
+    if not isinstance(probe, bool):
+        raise TypeError(f"probe must be a bool, not {probe!r}")
+    if backend is not None:
+        if not probe:
+            raise ValueError("probe=False goes with backend None ('probed: no backend')")
+        missing = [m for m in _BACKEND_METHODS if not callable(getattr(backend, m, None))]
+        if missing:
+            raise TypeError(f"{backend!r} is not a CUDA backend: it lacks {', '.join(missing)}")
     with _backend_lock:
         previous = _backend
         _backend = backend
-        _backend_probed = backend is not None
+        _backend_probed = backend is not None or not probe
     return previous
 
 
+def _uuid_of(backend: Any, device: int) -> bytes:
+    get = getattr(backend, "device_uuid", None)
+    return bytes(get(device)) if get is not None else b""
+
+
 # -- the producer's GPU pool ----------------------------------------------------------------
-
-# GPU blocks of closed connections that nobody can still be reading (every slot came
-# back, or the consumer died), kept for the next connection of this process instead of
-# being freed: torch frees an exported block only once every importer has dropped it,
-# so a block exported to a consumer that was killed would otherwise stay allocated, in
-# limbo, until this process exits.  Keyed by (backend, device, bytes, slot classes).
-_IDLE: dict[tuple[Any, ...], list[tuple[Any, list[Any], dict[int, tuple[Any, bytes]]]]] = {}
-_IDLE_LOCK = threading.Lock()
-
-# A CUDA IPC handle cannot be opened by the process that exported it: a consumer in the
-# producer's own process (``pair()`` between threads) finds the pool and the events here.
-_LOCAL_POOLS: weakref.WeakValueDictionary[bytes, Any] = weakref.WeakValueDictionary()
-_LOCAL_EVENTS: weakref.WeakValueDictionary[bytes, Any] = weakref.WeakValueDictionary()
-
-
-def drop_idle_pools() -> int:
-    """Free the GPU blocks kept for reuse (see ``_IDLE``); return how many."""
-    with _IDLE_LOCK:
-        n = sum(len(v) for v in _IDLE.values())
-        _IDLE.clear()
-    return n
 
 
 class CudaSendPool:
@@ -341,33 +482,29 @@ class CudaSendPool:
         self.alloc = SlotAllocator(self.table, self.layout)
         nbytes = -(-(data_offset + data_size) // _POOL_ALIGN) * _POOL_ALIGN
         spec = [[c.size, c.count] for c in classes]
-        self._key = (id(backend), device, nbytes, tuple(map(tuple, spec)))
-        with _IDLE_LOCK:
-            idle = _IDLE.get(self._key)
-            reused = idle.pop() if idle else None
-        if reused is not None:
-            self.memory, exported, self._events = reused
-        else:
-            self.memory = backend.alloc_pool(device, nbytes)
-            exported = backend.export_pool(self.memory)  # exported once per block
-            self._events = {}
-        self._exported = exported
+        key = (id(backend), device, nbytes, tuple(map(tuple, spec)))
+        self.uuid = _uuid_of(backend, device)
+        block = take_idle(key)  # settles what it can first
+        if block is None:
+            block = Block(backend, device, nbytes, key)
+        try:
+            export = Export(block, spec)
+        except RingwireError:
+            raise
+        except Exception as exc:
+            raise RingwireError(f"cannot export the GPU pool for cuda:{device}: {exc}") from exc
+        self.block: Block | None = block
+        self.export: Export | None = export
+        self.memory: Any = block.memory
         self.lo = backend.address(self.memory)
         self.hi = self.lo + nbytes
-        # every reference carries the announcement so that the consumer never depends
-        # on having read one particular earlier record
-        self.announcement = msgspec.msgpack.encode([exported, nbytes, spec, os.getpid()])
-        _LOCAL_POOLS[self.announcement] = self.memory
+        self.announcement = export.announcement
+        self._lease = export.lease.descriptor
 
     def event_for(self, slot: int) -> bytes:
         """Record the slot's interprocess event on the current stream; its handle."""
-        entry = self._events.get(slot)
-        if entry is None:
-            entry = self._events[slot] = self.backend.new_event(self.device)
-            _LOCAL_EVENTS[entry[1]] = entry[0]
-        else:
-            self.backend.record(entry[0], self.device)
-        return entry[1]
+        assert self.export is not None, "the pool is closed"
+        return self.export.event_for(slot)
 
     def ref(self, slot: int, offset: int, nbytes: int, t: Any) -> CudaRef:
         event = self.event_for(slot)
@@ -383,6 +520,8 @@ class CudaSendPool:
             dtype=torch_dtype_to_wire(t.dtype),
             event=event,
             pool_handle=self.announcement,
+            device_uuid=self.uuid,
+            lease=self._lease,
         )
 
     def loan_view(
@@ -390,35 +529,60 @@ class CudaSendPool:
     ) -> tuple[Any, Any]:
         return self.backend.view(self.memory, self.layout.offsets[slot], nbytes, dtype, shape)
 
-    def reusable(self, consumer_gone: bool) -> bool:
-        """Could another connection take the block now?  Not while a loan of ours or a
-        live consumer's view may still touch it."""
+    def has_loans(self) -> bool:
         status = self.alloc.status
-        states = {status(i) for i in range(self.layout.nslots)}
-        return LOANED not in states and (consumer_gone or SENT not in states)
+        return any(status(i) == LOANED for i in range(self.layout.nslots))
 
-    def close(self, reusable: bool) -> None:
-        """The connection is closed.  ``reusable``: nobody can still read the block
-        (every slot came back, or the consumer is dead), so the next connection of
-        this process may take it; otherwise it is dropped (freed once the consumer's
-        views are gone)."""
-        _LOCAL_POOLS.pop(self.announcement, None)
-        if reusable and self.memory is not None:
-            with _IDLE_LOCK:
-                _IDLE.setdefault(self._key, []).append((self.memory, self._exported, self._events))
-        self._events = {}
+    def close(self, consumer_gone: bool, lane: Any) -> bool:
+        """The connection is closed: retire its export (:func:`~ringwire._shm.cudablocks.retire`).
+        ``consumer_gone``: the consumer can open nothing any more (end of file, or its
+        closed flag); otherwise ``lane`` (a reader of the release lane) tells later.
+        The block goes to the next connection of this process once nobody maps it,
+        and stays intact (memory, events) for a consumer still reading until then.
+        ``True``: settled now."""
+        export, self.export = self.export, None
         self.memory = None
+        self.block = None
+        if export is None:
+            return True
+        return retire(export, loaned=self.has_loans(), consumer_gone=consumer_gone, lane=lane)
 
 
 # -- the consumer's side --------------------------------------------------------------------
 
 
+def local_device_of(backend: Any, ref: CudaRef) -> int:
+    """This process's index of the device ``ref`` names (by UUID where it has one)."""
+    if ref.device_uuid:
+        find = getattr(backend, "local_device", None)
+        local = find(ref.device_uuid) if find is not None else None
+        if local is None:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            raise DecodeError(
+                f"CUDA reference names GPU {ref.device_uuid.hex()} (the producer's "
+                f"cuda:{ref.device}), which this process does not see "
+                f"(CUDA_VISIBLE_DEVICES={visible!r}; {backend.device_count()} device(s) "
+                "visible): make it visible here, or send through the host "
+                "(SlotConfig(cuda='stage'))"
+            )
+        return int(local)
+    if ref.device >= backend.device_count():
+        raise DecodeError(
+            f"CUDA reference names cuda:{ref.device}; this process sees "
+            f"{backend.device_count()} device(s)"
+        )
+    return ref.device
+
+
 class OpenedCudaPool:
     """A producer's GPU pool as the consumer mapped it (once)."""
 
-    def __init__(self, backend: Any, ref: CudaRef) -> None:
+    def __init__(self, backend: Any, ref: CudaRef, local_device: int) -> None:
         try:
-            exported, nbytes, classes, pid = msgspec.msgpack.decode(ref.pool_handle)
+            items = msgspec.msgpack.decode(ref.pool_handle)
+            if not isinstance(items, list) or len(items) < 4:
+                raise TypeError("not a list of four")
+            exported, nbytes, classes, pid = items[:4]
             layout_classes = [SlotClass(int(size), int(count)) for size, count in classes]
             offsets, capacities, data_offset, data_size = plan_pool(layout_classes)
         except (msgspec.DecodeError, TypeError, ValueError) as exc:
@@ -426,17 +590,32 @@ class OpenedCudaPool:
         if not isinstance(nbytes, int) or nbytes < data_offset + data_size:
             raise DecodeError("CUDA pool announcement: the pool is smaller than its slots")
         self.backend = backend
-        self.device = ref.device
+        self.device = ref.device  # the producer's index: pool id and release tags
+        self.local_device = local_device  # ours: every CUDA call
         self.pool_id = ref.pool
+        self.announcement = ref.pool_handle
         self.offsets = offsets
         self.capacities = capacities
-        local = _LOCAL_POOLS.get(ref.pool_handle) if pid == os.getpid() else None
-        self.local = local is not None
-        self.memory = (
-            local if local is not None else backend.open_pool(ref.device, exported, nbytes)
-        )
+        export = local_export(ref.pool_handle) if pid == os.getpid() else None
+        self._export = export
+        self.local = export is not None
+        if export is not None:
+            self.mapping = export.map_locally()
+        else:
+            lease = take_lease(ref.lease, int(pid)) if ref.lease else -1  # before mapping
+            try:
+                memory = backend.open_pool(local_device, exported, nbytes)
+            except BaseException:
+                if lease >= 0:
+                    os.close(lease)
+                raise
+            self.mapping = Mapping(memory, lease)
         self.last_generation = [-1] * len(offsets)
         self._events: dict[bytes, Any] = {}
+
+    @property
+    def memory(self) -> Any:
+        return self.mapping.memory
 
     def check(self, ref: CudaRef, held: dict[int, int]) -> int:
         """Raise :class:`DecodeError` unless ``ref`` is a fresh, in-bounds reference
@@ -465,12 +644,15 @@ class OpenedCudaPool:
 
     def event(self, handle: bytes) -> Any:
         ev = self._events.get(handle)
-        if ev is None and self.local:
-            ev = _LOCAL_EVENTS.get(handle)
+        if ev is None and self._export is not None:
+            ev = self._export.local_event(handle)
+            if ev is None:
+                raise DecodeError("CUDA reference names an event its pool never recorded")
+            return ev
         if ev is None:
             if len(self._events) >= 4 * len(self.offsets):
                 self._events.clear()  # a producer re-creating events: do not grow forever
-            ev = self._events[handle] = self.backend.open_event(self.device, handle)
+            ev = self._events[handle] = self.backend.open_event(self.local_device, handle)
         return ev
 
 
@@ -479,29 +661,30 @@ class ReleaseThread:
 
     The finalizer only records an event and ``put``s on a :class:`queue.SimpleQueue`
     (reentrant: safe inside garbage collection and from any thread).  The thread
-    blocks in ``event.synchronize()`` -- sleeping in the driver, not polling -- and then
-    pushes ``(tag, generation)`` into the connection's release queue, whose sink writes
-    the release lane and rings the producer's doorbell if it is parked.
+    blocks in ``event.synchronize()`` -- sleeping in the driver, not polling, with the
+    event's device as its current one -- and then pushes ``(tag, generation)`` into the
+    connection's release queue, whose sink writes the release lane and rings the
+    producer's doorbell if it is parked.
     """
 
     def __init__(self, backend: Any, push: Any) -> None:
         self.backend = backend
         self._push = push
-        self._queue: queue.SimpleQueue[tuple[int, int, Any] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[int, int, Any, int] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ringwire-cuda-release", daemon=True)
         self._thread.start()
 
-    def put(self, tag: int, generation: int, event: Any) -> None:
-        self._queue.put((tag, generation, event))
+    def put(self, tag: int, generation: int, event: Any, device: int) -> None:
+        self._queue.put((tag, generation, event, device))
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            tag, generation, event = item
+            tag, generation, event, device = item
             try:
-                self.backend.synchronize(event)
+                self.backend.synchronize(event, device)
             except Exception:  # the context is gone (exit): the producer reclaims on EOF
                 continue
             self._push(tag, generation)

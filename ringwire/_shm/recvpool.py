@@ -82,6 +82,7 @@ from .._wire.dtypes import (
 )
 from .._wire.release import ReleaseQueue
 from .._wire.ring import (
+    WCLOSED,
     ReleaseLaneWriter,
 )
 from .._wire.slotlayout import (
@@ -94,6 +95,8 @@ from .cuda import (
     cuda_backend,
     cuda_pool_id,
     cuda_tag,
+    local_device_of,
+    sweep,
 )
 from .segment import Segment
 from .views import HELD
@@ -109,17 +112,25 @@ class RecvPool:
     """The consumer's view of the peer's pool: resolver, finalizers, release sink."""
 
     def __init__(
-        self, seg: Segment, layout: PoolLayout, bell: Callable[[], object], copy_out: bool
+        self,
+        seg: Segment,
+        layout: PoolLayout,
+        bell: Callable[[], object],
+        copy_out: bool,
+        lane_offset: int | None = None,
     ) -> None:
         """``bell`` wakes the producer (one non-blocking doorbell; it may raise
         ``OSError``, which is ignored: a full socket wakes the producer anyway, a gone
-        one reclaims everything)."""
+        one reclaims everything).  ``lane_offset``: where this consumer's release lane
+        lies in the segment (default: right after the pool; a broadcast gives each
+        reader its own lane further on)."""
         self.seg = seg
         self.layout = layout
         self._buf: Any = seg.buf
         self._bell = bell
         self._copy_out = copy_out
-        self._writer = ReleaseLaneWriter(seg.buf, layout.total_size)
+        lane = layout.total_size if lane_offset is None else lane_offset
+        self._writer = ReleaseLaneWriter(seg.buf, lane)
         self.queue = ReleaseQueue(self._sink, max_batch=self._writer.max_payload // 16)
         self.held: dict[int, int] = {}  # slot (or CUDA tag) -> generation of every live base
         # slot -> the newest generation a decode resolved (a record that fails to decode
@@ -189,15 +200,16 @@ class RecvPool:
                 f"CUDA reference names pool {ref.pool:#x}, which is not this connection's "
                 f"GPU pool for cuda:{ref.device}"
             )
-        if ref.device >= backend.device_count():
-            raise DecodeError(
-                f"CUDA reference names cuda:{ref.device}; this process sees "
-                f"{backend.device_count()} device(s)"
-            )
+        local_device = local_device_of(backend, ref)  # by UUID: our numbers may differ
         if not ref.pool_handle:
             raise DecodeError("CUDA reference to a pool that was never announced")
+        if any(o.announcement == ref.pool_handle for o in self.cuda_opened.values()):
+            raise DecodeError(
+                f"CUDA reference to pool {ref.pool:#x} carries the announcement of another "
+                "pool of this connection"
+            )
         try:
-            opened = OpenedCudaPool(backend, ref)
+            opened = OpenedCudaPool(backend, ref, local_device)
         except DecodeError:
             raise
         except Exception as exc:
@@ -219,13 +231,19 @@ class RecvPool:
         opened = self._open_cuda(ref, backend)
         tag = opened.check(ref, self.held)
         opened.last_generation[ref.slot] = ref.generation
-        device = ref.device
+        device = opened.local_device
         try:
             stream = backend.current_stream(device)
             if ref.event:
                 backend.wait_event(opened.event(ref.event), stream)
+            mapping = opened.mapping  # every view keeps the mapping (and its lease)
             tensor, keep = backend.view(
-                opened.memory, ref.offset, ref.nbytes, torch_dtype_from_wire(ref.dtype), ref.shape
+                mapping.memory,
+                ref.offset,
+                ref.nbytes,
+                torch_dtype_from_wire(ref.dtype),
+                ref.shape,
+                mapping,
             )
         except BaseException as exc:
             self.queue.push(tag, ref.generation)  # valid, but unusable: give it back now
@@ -239,16 +257,18 @@ class RecvPool:
         if self._copy_out:
             out = tensor.clone()
             del tensor, keep
-            releaser.put(tag, ref.generation, backend.release_event(stream))
+            releaser.put(tag, ref.generation, backend.release_event(stream), device)
             return out
         addr = int(tensor.untyped_storage().data_ptr())
         self.held[tag] = ref.generation
-        fin = weakref.finalize(keep, self._cuda_finalized, tag, ref.generation, addr, stream)
+        fin = weakref.finalize(
+            keep, self._cuda_finalized, tag, ref.generation, addr, stream, device
+        )
         fin.atexit = False
         HELD[addr] = fin
         return tensor
 
-    def _cuda_finalized(self, tag: int, gen: int, addr: int, stream: Any) -> None:
+    def _cuda_finalized(self, tag: int, gen: int, addr: int, stream: Any, device: int) -> None:
         # runs in any thread, inside GC: dict pops, one event record, a SimpleQueue put
         HELD.pop(addr, None)
         if self.held.get(tag) == gen:
@@ -260,7 +280,7 @@ class RecvPool:
             event = releaser.backend.release_event(stream)
         except Exception:
             return  # the CUDA context is gone (exit): the producer reclaims on EOF
-        releaser.put(tag, gen, event)
+        releaser.put(tag, gen, event, device)
 
     def _finalized(self, slot: int, gen: int, addr: int) -> None:
         # runs in any thread, inside GC: dict pops and a non-blocking push only
@@ -362,10 +382,17 @@ class RecvPool:
 
     def close(self, blocking: bool = True) -> int:
         """Stop releasing (the producer reclaims everything when we disconnect); return
-        how many received slot arrays are still alive."""
+        how many received slot arrays are still alive.
+
+        The release lane's writer-closed flag is set: a producer that closed first (it
+        no longer reads our socket) learns from it that we open nothing any more, so it
+        may hand its GPU blocks to other connections once our mappings are gone
+        (:mod:`ringwire._shm.cudablocks`).  A single store, no lock: safe in ``__del__``."""
         self.queue.close(blocking)
         if self._cuda_releaser is not None:
             self._cuda_releaser.stop()
+        with contextlib.suppress(ValueError, IndexError, TypeError):  # views released
+            self._writer.header[WCLOSED] = 1
         if blocking:
             self._writer.release()
         return len(self.held)
@@ -379,3 +406,6 @@ class RecvPool:
             self._buf = None
             self.cuda_opened.clear()  # live views keep their pool mapped
             seg.close()
+            # a producer of this process that closed first may settle its GPU blocks now
+            # (non-blocking: this may run in garbage collection, see ``abandon``)
+            sweep(blocking=False)

@@ -70,6 +70,7 @@ from .cuda import (
     cuda_pool_id,
     cuda_tag,
     split_tag,
+    sweep,
 )
 from .segment import Segment
 from .slotconfig import POLICIES, SlotConfig, check_policy, describe_classes
@@ -600,7 +601,9 @@ class SendPool:
             for pool in self.cuda_pools.values():
                 n += pool.alloc.reclaim_sent()
             self.reclaimed += n
-            return n
+        if self.cuda_pools and not self.closed:
+            sweep()  # a consumer that went may free blocks of earlier connections
+        return n
 
     # eventcount on the release lane (counted: several waiters may park at once)
     def park(self) -> None:
@@ -612,26 +615,50 @@ class SendPool:
         if not self._parked and not self.closed:
             self.reader.unpark()
 
-    def close(self) -> None:
+    def close(self, consumer_gone: bool | None = None) -> None:
         """Our side closed: the pool is reclaimed (receipts complete), the lane views
         dropped, the segment closed -- or, while loans are alive, left to them: we drop
         every reference to the mapping, so the last loan to die unmaps it.  The shared
         slot table is left as it is: records we published before closing stay readable
-        (their references resolve) until the consumer has read them."""
+        (their references resolve) until the consumer has read them.
+
+        GPU pools are retired (:func:`ringwire._shm.cudablocks.retire`): their memory
+        and events stay until the consumer can no longer read them -- it is gone (end of
+        file, or the closed flag it sets on the release lane) and maps nothing -- so
+        CUDA records published before closing resolve too; then each block goes to the
+        next connection of this process.  ``consumer_gone``: the caller knows whether
+        the consumers can still open anything (a broadcast, whose readers write lanes
+        of their own, says so); by default, end of file or the lane's closed flag."""
+        if self.closed:
+            return
+        if consumer_gone is not None and not isinstance(consumer_gone, bool):
+            raise TypeError(f"consumer_gone must be a bool or None, not {consumer_gone!r}")
         with self.lock:
+            gone = self.gone
             if self.cuda_pools and not (self.gone or self.closed):
                 with contextlib.suppress(RingwireError):
                     self._poll_locked()  # the releases already on the lane count
-            reusable = {d: p.reusable(self.gone) for d, p in self.cuda_pools.items()}
+                with contextlib.suppress(ValueError):
+                    gone = self.reader.writer_closed
+            if consumer_gone is None:
+                consumer_gone = gone
         self.reclaim(publish=False)
         with self.lock:
             self.closed = True
             self.reader.release()
             seg = self.seg
+            for pool in self.cuda_pools.values():
+                # a reader of the release lane of its own, for the consumer's closed flag
+                # (it keeps the segment mapped until the export is settled)
+                lane = None
+                if not consumer_gone:
+                    with contextlib.suppress(RingCorrupted, ValueError, TypeError):
+                        lane = RingReader(seg.buf, self.layout.total_size)
+                pool.close(consumer_gone or lane is None, lane)
             self._buf = None
             self.alloc.detach()
-            for device, pool in self.cuda_pools.items():
-                pool.close(reusable[device])
+        if self.cuda_pools:
+            sweep()
         seg.unlink()
         seg.close()
         self.seg = None  # type: ignore[assignment]

@@ -82,7 +82,16 @@ class CudaRef(msgspec.Struct, array_like=True, frozen=True):
     writes (empty when the producer synchronised instead).  ``kind`` is always
     ``"torch"``.  ``pool_handle`` announces the pool (its exported IPC handle, size and
     slot classes, msgpack): the consumer opens the pool the first time it sees its id
-    and ignores the announcement afterwards.
+    and ignores the announcement afterwards.  ``device`` is the producer's index of
+    the device (it names the pool); ``device_uuid`` (16 bytes) says which device that
+    is, so that a consumer with other device numbers (``CUDA_VISIBLE_DEVICES``) finds
+    its own.  ``lease`` (8 bytes) names the export's lease, which a consumer in another
+    process holds while it maps the pool (see ``ringwire._shm.cudablocks``).
+
+    Fields are only ever appended, with defaults: ``pool_handle`` came as the twelfth,
+    ``device_uuid`` and ``lease`` as the thirteenth and fourteenth; a shorter form
+    still decodes (the missing ones empty), and a decoder that knows fewer fields
+    ignores the ones it does not know.
     """
 
     version: int
@@ -97,9 +106,17 @@ class CudaRef(msgspec.Struct, array_like=True, frozen=True):
     event: Annotated[bytes, msgspec.Meta(max_length=256)] = b""
     kind: Literal["torch"] = "torch"
     pool_handle: Annotated[bytes, msgspec.Meta(max_length=4096)] = b""
+    device_uuid: Annotated[bytes, msgspec.Meta(max_length=16)] = b""
+    lease: Annotated[bytes, msgspec.Meta(max_length=16)] = b""
 
     def validate(self) -> CudaRef:
         _check_nbytes(self)
+        if len(self.device_uuid) not in (0, 16):
+            raise DecodeError(
+                f"CudaRef device_uuid has {len(self.device_uuid)} bytes (a UUID has 16)"
+            )
+        if len(self.lease) not in (0, 8):
+            raise DecodeError(f"CudaRef lease has {len(self.lease)} bytes (a lease has 8)")
         return self
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from ringwire._shm.cuda import (
     drop_idle_pools,
+    lingering_pools,
     set_cuda_backend,
 )
 from ringwire._shm.slotconfig import SlotConfig
@@ -30,13 +31,18 @@ GPU = SlotConfig(
 
 @pytest.fixture(name="fake")
 def fake_fixture() -> Iterator[FakeCudaBackend]:
+    """The simulated backend, installed for one test.  Afterwards every GPU block of
+    the test must be settled (nothing lingering for a consumer) and then freed."""
     backend = install()
     try:
         yield backend
     finally:
-        set_cuda_backend(None)
-        drop_idle_pools()
         gc.collect()
+        drop_idle_pools()
+        left = lingering_pools()
+        set_cuda_backend(None)
+        gc.collect()
+        assert left == 0, f"{left} GPU block(s) still wait for a consumer after the test"
 
 
 def cuda_in_use(ch: Any) -> int:

@@ -95,10 +95,34 @@ GOLDEN = [
             event=b"\x01",
             kind="torch",
         ),
-        # pool_handle (empty here) was appended as a twelfth field; the
-        # eleven-field form still decodes (test_cudaref_without_pool_handle_decodes)
-        "c71e059c010700020300049102a862666c6f61743136c40101a5746f726368c400",
+        # pool_handle (empty here) was appended as a twelfth field, device_uuid and
+        # lease as the thirteenth and fourteenth; the eleven- and twelve-field forms
+        # still decode (test_cudaref_without_pool_handle_decodes,
+        # test_cudaref_without_device_uuid_or_lease_decodes)
+        "c722059e010700020300049102a862666c6f61743136c40101a5746f726368c400c400c400",
         id="ext5-cudaref",
+    ),
+    pytest.param(
+        CudaRef(
+            version=1,
+            pool=7,
+            device=1,
+            slot=2,
+            generation=3,
+            offset=0,
+            nbytes=4,
+            shape=(2,),
+            dtype="bfloat16",
+            event=b"\x01",
+            kind="torch",
+            pool_handle=b"\x02",
+            device_uuid=bytes(range(16)),
+            lease=bytes([0x39, 0x30, 0, 0, 7, 0, 0, 0]),
+        ),
+        # 59 bytes: ... c4 01 02 (pool_handle), c4 10 00..0f (the UUID), c4 08 (pid 12345, fd 7)
+        "c73b059e010701020300049102a862666c6f61743136c40101a5746f726368c40102"
+        "c410000102030405060708090a0b0c0d0e0fc4083930000007000000",
+        id="ext5-cudaref-uuid-lease",
     ),
     pytest.param((1, 2), "c70306920102", id="ext6-tuple"),
     pytest.param(torch.Size([2, 3]), "c70307920203", id="ext7-torch-size"),
@@ -137,6 +161,26 @@ def test_cudaref_without_pool_handle_decodes() -> None:
     ref = Decoder().decode(wire)
     assert isinstance(ref, CudaRef)
     assert ref.pool_handle == b"" and ref.dtype == "bfloat16" and ref.event == b"\x01"
+    assert ref.device_uuid == b"" and ref.lease == b""
+
+
+def test_cudaref_without_device_uuid_or_lease_decodes() -> None:
+    """The twelve-field Ext 5 layout (before device_uuid and lease) is still understood:
+    the consumer then uses the device number as is, and takes no lease."""
+    wire = bytes.fromhex("c71e059c010700020300049102a862666c6f61743136c40101a5746f726368c400")
+    ref = Decoder().decode(wire)
+    assert isinstance(ref, CudaRef)
+    assert ref.pool_handle == b"" and ref.device_uuid == b"" and ref.lease == b""
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [("device_uuid", b"\0" * 15, "UUID has 16"), ("lease", b"\0" * 4, "lease has 8")],
+)
+def test_cudaref_uuid_and_lease_sizes_are_checked(field: str, value: bytes, match: str) -> None:
+    ref = msgspec.structs.replace(CudaRef(1, 7, 0, 2, 3, 0, 4, (2,), "bfloat16"), **{field: value})
+    with pytest.raises(DecodeError, match=match):
+        dec.decode(enc.encode(ref))
 
 
 @pytest.mark.parametrize(("value", "hexbytes"), GOLDEN)
