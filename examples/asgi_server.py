@@ -14,18 +14,24 @@
 How it fits together:
 
 * At startup (the lifespan) the app spawns one worker process connected by
-  ``ringwire.pair()`` and opens the async end of the connection.
-* Every request sends one ``Request`` record -- the array plus a request id -- and awaits
-  the ``Reply`` with the same id.  All concurrent HTTP requests share the ONE connection:
-  a single background task receives every reply and resolves the waiting request's
-  future (:class:`WorkerClient`).
+  ``ringwire.pair()``, opens the async end of the connection and makes a
+  ``ringwire.Client`` over it; the worker answers with ``ringwire.serve``.
+* Every request is one call: ``await client.call(Request(...), timeout=30)``.  All
+  concurrent HTTP requests share the ONE connection; the client matches each reply to
+  its caller by the call's id.  An HTTP client that disconnects cancels its call, and
+  the worker drops it (or cancels its handler); a call that takes longer than 30 s is
+  cancelled the same way and answered 504.
+* The worker runs ``compute`` (blocking numpy code) in worker threads, at most
+  ``CONCURRENCY`` at once; beyond that (and a backlog as long) it stops reading, so
+  further calls wait in their sends, here -- backpressure, not an unbounded queue.
+  An exception in ``compute`` comes back as ``ringwire.RemoteError`` (answered 422).
 * Arrays of at least ``SLOTS.threshold`` bytes travel through shared-memory slots, not
   through the ring.  A raw upload of known shape is streamed straight into a *loaned*
-  slot (``chan.loan``), so the body is written once, into memory the worker then reads
+  slot (``client.channel.loan``), so the body is written once, into memory the worker then reads
   in place.  The worker's answer (``op=scale``) comes back the same way, in the
   worker's own slots; when the server drops its reference, the slot goes back.
-* At shutdown the app sends end-of-stream: the worker finishes what it has, closes,
-  and exits; the app closes its end and joins the process.
+* At shutdown the app closes the client (uvicorn has finished every request by then):
+  the worker's ``serve`` returns, the worker exits, and the app joins the process.
 
 Uploads are parsed without pickle (``allow_pickle=False``) and only plain numeric
 dtypes are accepted.
@@ -34,10 +40,8 @@ dtypes are accepted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import io
-import itertools
 import math
 import multiprocessing as mp
 import os
@@ -45,6 +49,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any, Optional
 
+import anyio
 import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
@@ -65,6 +70,7 @@ SLOTS = ringwire.SlotConfig(
 )
 MAX_UPLOAD = 16 << 20  # the largest slot
 REPLY_TIMEOUT = 30.0
+CONCURRENCY = 4  # compute() calls the worker runs at once (in threads)
 DTYPES = {
     name: np.dtype(name)
     for name in (
@@ -79,15 +85,12 @@ NPY = "application/x-npy"
 
 
 class Request(ringwire.Record):
-    id: int
     op: str
     x: object  # a numpy array: inline, or a reference to a slot
     factor: float = 1.0
 
 
 class Reply(ringwire.Record):
-    id: int
-    error: Optional[str] = None
     shape: tuple[int, ...] = ()
     dtype: str = ""
     stats: Optional[dict[str, Optional[float]]] = None
@@ -98,11 +101,12 @@ class Reply(ringwire.Record):
 
 
 def compute(req: Request) -> Reply:
-    """What the worker does with one request (stands in for a model)."""
+    """What the worker does with one request (stands in for a model).  Its exceptions
+    reach the HTTP handler as ``ringwire.RemoteError``."""
     x = req.x
     if not isinstance(x, np.ndarray):
-        return Reply(id=req.id, error=f"expected an array, got {type(x).__name__}")
-    reply = Reply(id=req.id, shape=tuple(x.shape), dtype=x.dtype.name)
+        raise TypeError(f"expected an array, got {type(x).__name__}")
+    reply = Reply(shape=tuple(x.shape), dtype=x.dtype.name)
     if req.op == "stats":
         empty = x.size == 0
         reply.stats = {
@@ -114,90 +118,31 @@ def compute(req: Request) -> Reply:
     elif req.op == "scale":
         reply.y = np.multiply(x, req.factor, dtype=np.float32)
     else:
-        reply.error = f"unknown op {req.op!r}"
-    return reply
+        raise ValueError(f"unknown op {req.op!r}")
+    return reply  # the request (and its view of the server's slot) dies with the call
+
+
+async def serve_worker(end: ringwire.PairEnd) -> None:
+    async with await end.connect(slots=SLOTS) as chan:
+        # returns when the server closes its client (end of stream)
+        await ringwire.serve(chan, compute, request_type=Request, concurrency=CONCURRENCY)
 
 
 def worker_main(end: ringwire.PairEnd) -> None:
-    """The worker: a plain blocking loop over the blocking endpoint."""
+    """The worker process: ``ringwire.serve`` on its own event loop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
-    with end.connect_sync(type=Request, slots=SLOTS) as chan:
-        for req in chan:  # ends when the server sends end-of-stream
-            reply = compute(req)
-            del req  # drop our view of the slot: it goes back to the server's pool
-            chan.send(reply)
-            del reply
+    anyio.run(serve_worker, end)
 
 
 # -- the server side of the connection ---------------------------------------------------------
 
 
-class WorkerUnavailable(Exception):
-    pass
+class Worker:
+    """The worker process and the client of its connection."""
 
-
-class WorkerClient:
-    """Many concurrent requests over one connection: send with an id, await that id."""
-
-    def __init__(self, chan: ringwire.Channel, proc: Any) -> None:
-        self.chan = chan
+    def __init__(self, client: ringwire.Client, proc: Any) -> None:
+        self.client = client
         self.proc = proc
-        self._ids = itertools.count()
-        self._pending: dict[int, asyncio.Future[Reply]] = {}
-        self._failure: BaseException | None = None
-        self._receiver = asyncio.create_task(self._receive_replies())
-
-    @property
-    def pending(self) -> int:
-        """Requests sent and not answered yet."""
-        return len(self._pending)
-
-    async def _receive_replies(self) -> None:
-        """The one task that receives: hand each reply to whoever waits for its id."""
-        try:
-            async for reply in self.chan:
-                fut = self._pending.pop(reply.id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(reply)
-                # else: that request gave up; dropping the reply releases its slots
-                del reply, fut
-            self._failure = WorkerUnavailable("the worker closed the connection")
-        except (ringwire.BrokenResourceError, ringwire.ClosedResourceError) as exc:
-            self._failure = WorkerUnavailable(f"the worker is gone ({type(exc).__name__})")
-        finally:
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(self._failure or WorkerUnavailable("shutting down"))
-            self._pending.clear()
-
-    async def call(self, op: str, x: Any, factor: float = 1.0) -> Reply:
-        if self._failure is not None:
-            raise self._failure
-        rid = next(self._ids)
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        try:
-            await self.chan.send(Request(id=rid, op=op, x=x, factor=factor))
-            return await asyncio.wait_for(fut, REPLY_TIMEOUT)
-        finally:
-            self._pending.pop(rid, None)
-
-    async def aclose(self) -> None:
-        """Graceful: the worker gets everything sent so far, then end-of-stream."""
-        try:
-            await self.chan.send_eof()
-            await asyncio.wait_for(asyncio.shield(self._receiver), 10)
-        except Exception:
-            pass  # broken already, or the worker did not finish in time
-        finally:
-            self._receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._receiver
-            await self.chan.aclose()
-            await asyncio.to_thread(self.proc.join, 10)
-            if self.proc.is_alive():
-                self.proc.kill()
-                await asyncio.to_thread(self.proc.join)
 
 
 @contextlib.asynccontextmanager
@@ -208,16 +153,16 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     )
     proc.start()
     try:
-        chan = await ours.connect(type=Reply, slots=SLOTS)
-    except BaseException:
-        proc.kill()
-        proc.join()
-        raise
-    app.state.worker = WorkerClient(chan, proc)
-    try:
-        yield
+        chan = await ours.connect(slots=SLOTS)
+        async with ringwire.Client(chan, reply_type=Reply) as client:
+            app.state.worker = Worker(client, proc)
+            yield
+        # the client closed its channel: the worker's serve() returns and it exits
+        await anyio.to_thread.run_sync(proc.join, 10)
     finally:
-        await app.state.worker.aclose()
+        if proc.is_alive():
+            proc.kill()
+            await anyio.to_thread.run_sync(proc.join)
 
 
 # -- HTTP ------------------------------------------------------------------------------------
@@ -296,8 +241,30 @@ async def _receive_npy(request: HTTPRequest) -> Any:
     return x
 
 
+async def call_unless_disconnected(request: HTTPRequest, client: ringwire.Client, req: Any) -> Any:
+    """``client.call(req)``, cancelled if the HTTP client goes away meanwhile: the worker
+    is told, and drops the call or cancels its handler.  ``None`` if it went away."""
+    reply = error = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:  # the body is read: the next message is a disconnect
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        try:
+            reply = await client.call(req, timeout=REPLY_TIMEOUT)
+        except Exception as exc:  # raised below, not wrapped in the task group's group
+            error = exc
+        tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return reply
+
+
 async def infer(request: HTTPRequest) -> Response:
-    worker: WorkerClient = request.app.state.worker
+    worker: Worker = request.app.state.worker
     try:
         op = request.query_params.get("op", "stats")
         if op not in OPS:
@@ -309,19 +276,25 @@ async def infer(request: HTTPRequest) -> Response:
         if request.headers.get("content-type", "").split(";")[0].strip() == NPY:
             x = await _receive_npy(request)
         else:
-            x = await _receive_raw(request, worker.chan)
-        reply = await worker.call(op, x, factor)  # x is not touched after this
+            x = await _receive_raw(request, worker.client.channel)
+        req = Request(op=op, x=x, factor=factor)
+        del x  # the request holds the array (a loaned slot): not touched after sending
+        reply = await call_unless_disconnected(request, worker.client, req)
+        del req
     except BadRequest as exc:
         return JSONResponse({"error": str(exc)}, status_code=exc.status)
+    except ringwire.RemoteError as exc:  # compute() raised
+        return JSONResponse({"error": str(exc)}, status_code=422)
+    except TimeoutError:
+        return JSONResponse({"error": f"no answer within {REPLY_TIMEOUT:g} s"}, status_code=504)
     except (
-        WorkerUnavailable,
         ringwire.SlotsExhausted,
-        ringwire.BrokenResourceError,  # the worker died (seen by a send or a loan)
-        asyncio.TimeoutError,
+        ringwire.BrokenResourceError,  # the worker died: every pending call fails at once
+        ringwire.ClosedResourceError,  # shutting down
     ) as exc:
         return JSONResponse({"error": f"worker unavailable: {exc}"}, status_code=503)
-    if reply.error is not None:
-        return JSONResponse({"error": reply.error}, status_code=422)
+    if reply is None:  # the HTTP client went away
+        return Response(status_code=499)
     if op == "scale":
         out = io.BytesIO()
         np.lib.format.write_array(out, np.asarray(reply.y), allow_pickle=False)
@@ -332,8 +305,8 @@ async def infer(request: HTTPRequest) -> Response:
 
 async def stats(request: HTTPRequest) -> Response:
     """The connection's counters (slots in use, records, ...), and the worker's pid."""
-    worker: WorkerClient = request.app.state.worker
-    s = worker.chan.statistics()
+    worker: Worker = request.app.state.worker
+    s = worker.client.channel.statistics()
     return JSONResponse(
         {
             "worker_pid": worker.proc.pid,
@@ -343,7 +316,7 @@ async def stats(request: HTTPRequest) -> Response:
             "slots_in_use": s.slots_in_use,  # our slots the worker still holds
             "slot_arrays_held": s.slot_arrays_held,  # worker slots we still hold
             "inline_fallbacks": s.inline_fallbacks,
-            "pending_requests": worker.pending,
+            "pending_requests": worker.client.pending,
         }
     )
 

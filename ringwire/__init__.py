@@ -33,19 +33,23 @@ from __future__ import annotations
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
 from ._conn.async_channel import Channel, Receipt
+from ._conn.calls import Client, serve
 from ._conn.connect import DEFAULT_CAPACITY, connect, connect_sync
 from ._conn.endpoint import DEFAULT_SPIN_US
 from ._conn.listener import Listener, SyncListener, listen
 from ._conn.pair import PairEnd, pair
 from ._conn.statistics import ChannelStatistics, ListenerStatistics
+from ._conn.sync_calls import SyncClient
 from ._conn.sync_channel import SyncChannel, SyncReceipt
 from ._errors import (
+    DeadlineExceeded,
     DecodeError,
     EncodeError,
     FrameTooLarge,
     HandshakeError,
     PeerCredentialsError,
     ProtocolError,
+    RemoteError,
     RingCorrupted,
     RingwireError,
     SegmentError,
@@ -72,8 +76,10 @@ __all__ = [
     "BrokenResourceError",
     "Channel",
     "ChannelStatistics",
+    "Client",
     "ClosedResourceError",
     "CudaRef",
+    "DeadlineExceeded",
     "DecodeError",
     "Decoder",
     "EncodeError",
@@ -89,6 +95,7 @@ __all__ = [
     "ProtocolError",
     "Receipt",
     "Record",
+    "RemoteError",
     "RingCorrupted",
     "SGLangRecord",
     "SGLangState",
@@ -101,6 +108,7 @@ __all__ = [
     "SlotRef",
     "SlotsExhausted",
     "SyncChannel",
+    "SyncClient",
     "SyncListener",
     "SyncReceipt",
     "WouldBlock",
@@ -114,5 +122,6 @@ __all__ = [
     "listen",
     "pair",
     "release",
+    "serve",
     "sweep_segments",
 ]

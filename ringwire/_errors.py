@@ -24,7 +24,9 @@ them; they are re-exported from :mod:`ringwire` for convenience.
     ├── SegmentError                a segment cannot be created or attached
     │   └── SharedMemoryFull        no room in /dev/shm
     ├── SlotsExhausted              no slot free (policy "error", timeout, futile)
-    └── SlotRefused                 a release the producer never handed out
+    ├── SlotRefused                 a release the producer never handed out
+    └── RemoteError                 a call's handler raised (type name, message, details)
+        └── DeadlineExceeded (TimeoutError)  the server refused or cancelled it at its deadline
 
 :class:`NeedSlot` is not an error: it is the signal by which encoding under policy
 ``"wait"`` tells the send path to wait for a slot and encode again.
@@ -37,6 +39,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "DeadlineExceeded",
     "DecodeError",
     "EncodeError",
     "FrameTooLarge",
@@ -44,6 +47,7 @@ __all__ = [
     "NeedSlot",
     "PeerCredentialsError",
     "ProtocolError",
+    "RemoteError",
     "RingCorrupted",
     "RingwireError",
     "SegmentError",
@@ -135,3 +139,44 @@ class NeedSlot(Exception):
     def __init__(self, nbytes: Any) -> None:
         super().__init__(nbytes)
         self.nbytes = nbytes
+
+
+# -- calls ----------------------------------------------------------------------------------
+
+
+class RemoteError(RingwireError):
+    """The handler of a call raised: what the server sent back instead of a reply.
+
+    Nothing of the remote exception object crosses the process -- no pickle, no
+    traceback: :attr:`type_name` is its type's name (``"ValueError"``,
+    ``"mypkg.errors.ModelError"``), :attr:`message` its ``str()``, and :attr:`details`
+    an optional msgpack-able ``dict`` (the exception's ``details`` attribute, when it has
+    one that is a dict).  A handler may raise ``RemoteError`` itself to choose the type
+    name and details; one it re-raises from a call of its own passes through unchanged.
+    """
+
+    def __init__(
+        self, type_name: str, message: str = "", details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(type_name, message, details)
+        self.type_name = type_name
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}" if self.message else self.type_name
+
+    def __repr__(self) -> str:
+        extra = f", {self.details!r}" if self.details is not None else ""
+        return f"{type(self).__name__}({self.type_name!r}, {self.message!r}{extra})"
+
+
+class DeadlineExceeded(RemoteError, TimeoutError):
+    """The server refused a call whose deadline had passed before a handler was free for
+    it, or cancelled its handler at the deadline.  Also a :class:`TimeoutError`, which is
+    what a caller's own timeout raises."""
+
+    def __init__(
+        self, type_name: str, message: str = "", details: dict[str, Any] | None = None
+    ) -> None:
+        RemoteError.__init__(self, type_name, message, details)
