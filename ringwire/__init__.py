@@ -15,6 +15,7 @@ How the package is built (imports point one way: down)::
         sync_channel.py    SyncChannel: the blocking driver (threads, scripts)
         listener.py, connect.py, pair.py   how connections are made
         memory.py          an in-memory transport (tests drive the core with it)
+        calls.py, sync_calls.py   request -> reply over one channel (Client, serve)
     ringwire/_shm/         the shared-memory transport: segments, Unix sockets, the
                            handshake, slot pools (send / receive / views), CUDA pools
     ringwire/_wire/        the wire format, pure (no I/O; testable on a bytearray): codec,

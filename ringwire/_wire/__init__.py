@@ -7,5 +7,5 @@ decimals: Ext 12-19), ``sglang`` (the codec profile that speaks SGLang's dialect
 ``ring`` (SPSC ring lanes over any buffer: frames, fences, the eventcount),
 ``slotlayout`` (slot pools over any buffer: states, generations), ``control`` (the
 control socket's messages and the sans-I/O handshake state machine, doorbell bytes),
-``names`` (segment names), ``release`` (the finalizer-safe release queue).
+``names`` (segment names), ``envelope`` (the calls' envelope), ``release`` (the finalizer-safe release queue).
 """
