@@ -166,9 +166,8 @@ class Endpoint:
         self._alive_checked = 0
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else "broken" if self.broken or self.eof else "open"
         label = f" {self.name}" if self.name else ""
-        return f"<Endpoint{label} peer pid {self.peer_pid} {state}>"
+        return f"<Endpoint{label} peer pid {self.peer_pid} {self.state()}>"
 
     def state(self) -> str:
         return "closed" if self.closed else "broken" if self.broken or self.eof else "open"

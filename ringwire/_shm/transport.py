@@ -13,9 +13,7 @@ handshake succeeded; it implements :class:`ringwire._conn.transport.Transport`.
 
 from __future__ import annotations
 
-import select
 import socket
-from typing import Any
 
 from .._wire.control import DOORBELL_SPACE, ControlReader, encode_abort
 from .._wire.ring import RingReader, RingWriter
@@ -24,10 +22,10 @@ from .recvpool import RecvPool
 from .segment import Segment
 from .sendpool import SendPool
 from .slotconfig import SlotConfig
+from .sockets import hung_up
 
 __all__ = ["ShmTransport"]
 
-_HANGUP = getattr(select, "POLLRDHUP", 0)  # (POLLHUP and POLLERR are always reported)
 _MAX_RECORD_SLACK = 1024  # bytes of a record's frame left for what is not array data
 
 
@@ -55,7 +53,6 @@ class ShmTransport:
         self.peer_pid = peer_pid
         self.version = version
         self.doorbells_sent = self.doorbells_received = 0
-        self._hangup_poll: Any = None
         self._control = ControlReader()
         self.send_pool: SendPool | None = None
         self.recv_pool: RecvPool | None = None
@@ -116,11 +113,7 @@ class ShmTransport:
     def hung_up(self) -> bool:
         # POLLRDHUP is seen even behind unread doorbell bytes (they stay for the
         # waiters they belong to)
-        p = self._hangup_poll
-        if p is None:
-            p = self._hangup_poll = select.poll()
-            p.register(self._fd, _HANGUP)
-        return bool(p.poll(0))
+        return hung_up(self._sock)
 
     def shutdown(self) -> None:
         try:
