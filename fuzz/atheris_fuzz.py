@@ -58,6 +58,8 @@ def main() -> None:
     if not dirs:
         dirs = [tempfile.mkdtemp(prefix=f"rwfuzz-{name}-")]
     for d in dirs:
+        if os.path.isfile(d):  # a crash file given to rerun: libFuzzer runs it once
+            continue
         os.makedirs(d, exist_ok=True)
         if not os.listdir(d):
             _write_seeds(name, d)

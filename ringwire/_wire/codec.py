@@ -331,7 +331,13 @@ class Encoder:
         return self._lift_other(v, t)
 
     def _lift_set(self, v: set[Any] | frozenset[Any], code: int) -> Ext:
-        return Ext(code, self._msg.encode([self._lift_any(x) for x in v]))
+        # Items in the order of their encoded bytes, not the set's iteration order
+        # (which follows the string hash seed and the insertion history): equal sets
+        # encode to equal bytes in every process, so a message can be hashed, cached
+        # or compared, and encode(decode(x)) == x.
+        enc = self._msg.encode
+        items = sorted(enc(self._lift_any(x)) for x in v)
+        return Ext(code, enc([msgspec.Raw(b) for b in items]))
 
     def _lift_other(self, v: Any, t: type) -> Any:
         """Subclasses of the types above (a NamedTuple is sent as a tuple, an

@@ -56,6 +56,11 @@ def _run_atheris(target: str, workdir: pathlib.Path, *flags: str, timeout: float
     )
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
+        # atheris prints an uncaught exception's traceback on stdout, libFuzzer its
+        # report on stderr: show both ends, not only libFuzzer's progress lines
+        uncaught = proc.stdout.find("=== Uncaught Python exception")
+        if uncaught >= 0:
+            log = proc.stdout[uncaught:][:4000] + "\n...\n" + proc.stderr[-2000:]
         crashes = sorted(
             p.name for p in workdir.iterdir() if p.name.startswith(("crash-", "timeout-", "oom-"))
         )
