@@ -34,12 +34,22 @@ from __future__ import annotations
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
 from ._conn.async_channel import Channel, Receipt
+from ._conn.broadcast import BroadcastStatistics, ReaderInfo
+from ._conn.broadcasting import (
+    Broadcaster,
+    BroadcastReceipt,
+    SyncBroadcaster,
+    SyncBroadcastReceipt,
+    broadcast,
+    broadcast_sync,
+)
 from ._conn.calls import Client, serve
 from ._conn.connect import DEFAULT_CAPACITY, connect, connect_sync
 from ._conn.endpoint import DEFAULT_SPIN_US
 from ._conn.listener import Listener, SyncListener, listen
 from ._conn.pair import PairEnd, pair
 from ._conn.statistics import ChannelStatistics, ListenerStatistics
+from ._conn.subscriber import Subscriber, SyncSubscriber, subscribe, subscribe_sync
 from ._conn.sync_calls import SyncClient
 from ._conn.sync_channel import SyncChannel, SyncReceipt
 from ._errors import (
@@ -50,6 +60,7 @@ from ._errors import (
     HandshakeError,
     PeerCredentialsError,
     ProtocolError,
+    ReaderStalled,
     RemoteError,
     RingCorrupted,
     RingwireError,
@@ -74,6 +85,9 @@ __all__ = [
     "DEFAULT_CAPACITY",
     "DEFAULT_SLOTS",
     "DEFAULT_SPIN_US",
+    "BroadcastReceipt",
+    "BroadcastStatistics",
+    "Broadcaster",
     "BrokenResourceError",
     "Channel",
     "ChannelStatistics",
@@ -94,9 +108,11 @@ __all__ = [
     "PairEnd",
     "PeerCredentialsError",
     "ProtocolError",
+    "ReaderInfo",
+    "ReaderStalled",
     "Receipt",
-    "Record",
     "RemoteError",
+    "Record",
     "RingCorrupted",
     "SGLangRecord",
     "SGLangState",
@@ -108,13 +124,19 @@ __all__ = [
     "SlotMisuse",
     "SlotRef",
     "SlotsExhausted",
+    "Subscriber",
+    "SyncBroadcastReceipt",
+    "SyncBroadcaster",
     "SyncChannel",
     "SyncClient",
     "SyncListener",
     "SyncReceipt",
+    "SyncSubscriber",
     "WouldBlock",
     "__version__",
     "borrow",
+    "broadcast",
+    "broadcast_sync",
     "connect",
     "connect_sync",
     "copy_out",
@@ -124,5 +146,7 @@ __all__ = [
     "pair",
     "release",
     "serve",
+    "subscribe",
+    "subscribe_sync",
     "sweep_segments",
 ]

@@ -25,6 +25,7 @@ them; they are re-exported from :mod:`ringwire` for convenience.
     │   └── SharedMemoryFull        no room in /dev/shm
     ├── SlotsExhausted              no slot free (policy "error", timeout, futile)
     ├── SlotRefused                 a release the producer never handed out
+    ├── ReaderStalled (TimeoutError)  a broadcast writer waited too long for named readers
     └── RemoteError                 a call's handler raised (type name, message, details)
         └── DeadlineExceeded (TimeoutError)  the server refused or cancelled it at its deadline
 
@@ -48,6 +49,7 @@ __all__ = [
     "PeerCredentialsError",
     "ProtocolError",
     "RemoteError",
+    "ReaderStalled",
     "RingCorrupted",
     "RingwireError",
     "SegmentError",
@@ -180,3 +182,20 @@ class DeadlineExceeded(RemoteError, TimeoutError):
         self, type_name: str, message: str = "", details: dict[str, Any] | None = None
     ) -> None:
         RemoteError.__init__(self, type_name, message, details)
+
+
+# -- broadcast --------------------------------------------------------------------------
+
+
+class ReaderStalled(RingwireError, TimeoutError):
+    """A broadcast writer waited too long for readers that are alive but do not read
+    (or do not release their slots): :attr:`ranks` and :attr:`pids` name them, slowest
+    first.  Nothing was published; drop them (``Broadcaster.drop_reader``) or retry.
+    Also a :class:`TimeoutError`."""
+
+    def __init__(
+        self, message: str, ranks: tuple[int, ...] = (), pids: tuple[int, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+        self.pids = pids

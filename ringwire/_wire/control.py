@@ -348,4 +348,3 @@ class ControlReader:
             raise ProtocolError(f"bytes after the peer's abort: {body[n : n + 16]!r}")
         self.reason = body.decode("utf-8", "replace")
         return len(bells)
-

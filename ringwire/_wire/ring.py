@@ -116,6 +116,7 @@ __all__ = [
     "RCLOSED",
     "WCLOSED",
     "WRAP_MARKER",
+    "WEAK_ORDER",
     "FrameTooLarge",
     "RingCorrupted",
     "RingReader",
@@ -173,6 +174,7 @@ _MAGIC_WORD = struct.unpack("=Q", _MAGIC_BYTES)[0]
 # barrier there (only the store->load of the eventcount does).  Everywhere else
 # (aarch64, ...) every ordering point gets a full fence.
 _WEAK_ORDER = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86")
+WEAK_ORDER = _WEAK_ORDER  # public, read-only: for lanes built on these (broadcast_ring.py)
 
 _fence_lock = threading.Lock()
 _acquire = _fence_lock.acquire

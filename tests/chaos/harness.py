@@ -747,7 +747,109 @@ async def handshake_round(h: Harness, v: Victim, r: Round, rng: random.Random, m
             await side.aclose()
 
 
+# -- the victim reads a broadcast: the survivor writes it -----------------------------------
+
+
+async def broadcast_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
+    """Kill a broadcast reader: while it streams (policy "drop": the writer goes on;
+    "fail": its next send raises) or while it holds slots the writer waits for."""
+    r.victim = "broadcast reader"
+    policy = "fail" if mode == "fail" else "drop"
+    path = h.tmp / f"bc{v.pid}.sock"
+    hold = 1 << 30 if mode == "hold" else rng.choice([0, 0, 3])
+    cfg = h.victim_cfg(rng, "broadcast_reader", r.survivor, path=str(path), hold=hold)
+    cfg["holding_at"] = rng.randint(1, 4)
+    salt = cfg["salt"]
+    sync = r.survivor == "sync"
+    make = ringwire.broadcast_sync if sync else ringwire.broadcast
+    bc: Any = make(
+        path,
+        readers=2,
+        capacity=cfg["capacity"],
+        slots=CHAOS_SLOTS,
+        on_reader_loss=policy,
+        stall_timeout=HANG_S,
+    )
+    sent, stop, broken_at = 0, False, []
+
+    async def send(rec: Any) -> None:
+        if sync:
+            await anyio.to_thread.run_sync(bc.send, rec, HANG_S)
+        else:
+            await bc.send(rec)
+
+    async def produce() -> None:
+        nonlocal sent
+        try:
+            while not stop:
+                await send(make_record(sent, salt))
+                sent += 1
+                if mode == "slow":
+                    await anyio.sleep(rng.uniform(0.0005, 0.003))
+                elif sent % 64 == 0:
+                    await anyio.sleep(0)
+        except BrokenResourceError:
+            broken_at.append(time.perf_counter())
+
+    async def lost() -> float:
+        while True:
+            stats = await (anyio.to_thread.run_sync(bc.statistics) if sync else _now(bc.statistics))
+            if stats.lost:
+                return time.perf_counter()
+            await anyio.sleep(0.0005)
+
+    async with contextlib.AsyncExitStack() as stack:
+        if sync:
+            stack.callback(bc.close)
+        else:
+            await stack.enter_async_context(bc)
+        await v.begin(cfg)
+        with anyio.fail_after(20):
+            if sync:
+                await anyio.to_thread.run_sync(bc.wait_ready, 1, 20.0)
+            else:
+                await bc.wait_ready(1)
+        after = "holding" if mode == "hold" else "reading"
+        with anyio.fail_after(HANG_S * 4):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    _killer,
+                    v,
+                    rng.uniform(0, 0.02) if mode == "hold" else rng.uniform(0.002, 0.1),
+                    after,
+                )
+                tg.start_soon(produce)
+                while v.killed_at is None:
+                    await anyio.sleep(0.0005)
+                noticed = await lost()
+                if policy == "fail":
+                    with anyio.fail_after(HANG_S):
+                        while not broken_at:
+                            await anyio.sleep(0.0005)
+                    r.latencies["send"] = broken_at[0] - v.killed_at
+                else:
+                    await anyio.sleep(0.01)  # the writer goes on without it
+                    stop = True
+                r.latencies["noticed"] = noticed - v.killed_at
+        stats = await (anyio.to_thread.run_sync(bc.statistics) if sync else _now(bc.statistics))
+        assert stats.lost == 1 and stats.readers == 0, stats
+        if policy == "drop":
+            assert not broken_at, f"{r.scenario}: a send failed under policy 'drop'"
+            # its share of every slot came back with its death: nobody holds one now
+            assert stats.slots_in_use == 0, f"{r.scenario}: {stats.slots_in_use} slots in use"
+            assert stats.slots_free == FULL_POOL, stats.slots_free
+        r.records = sent
+
+
+async def _now(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
 SCENARIOS: dict[str, tuple[Callable[..., Awaitable[None]], str]] = {
+    "broadcast-reader/stream": (broadcast_round, "stream"),
+    "broadcast-reader/slow": (broadcast_round, "slow"),
+    "broadcast-reader/holding-slots": (broadcast_round, "hold"),
+    "broadcast-reader/policy-fail": (broadcast_round, "fail"),
     "consumer/stream": (consumer_round, "stream"),
     "consumer/slow": (consumer_round, "slow"),
     "consumer/holding-slots": (consumer_round, "hold"),

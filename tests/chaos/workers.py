@@ -391,7 +391,47 @@ async def role_idle(cfg: dict[str, Any]) -> None:
     await ch.aclose()
 
 
+async def role_broadcast_reader(cfg: dict[str, Any]) -> None:
+    """Subscribe to the broadcast at ``path`` and check every record; say ``reading``
+    after the first; hold the last ``hold`` records (re-checked when let go), saying
+    ``holding`` once ``holding_at`` slot arrays are held."""
+    salt, hold = cfg["salt"], cfg.get("hold", 0)
+    point("connecting")
+    sub = await ringwire.subscribe(cfg["path"], spin_us=cfg.get("spin_us", 50), timeout=10)
+    point("connected", rank=sub.rank)
+    held: deque[Any] = deque()
+    slot_held = n = 0
+    async with sub:
+        while True:
+            try:
+                rec = await sub.receive()
+            except ringwire.EndOfStream:
+                break
+            err = check_record(rec, n, salt)
+            if err:
+                fail(err)
+            n += 1
+            if n == 1:
+                point("reading")
+            if hold:
+                held.append(rec)
+                slot_held += rec[3] is not None and rec[3].nbytes >= 1024
+                if len(held) > hold:
+                    err = recheck(held.popleft())
+                    if err:
+                        fail(err)
+                if slot_held == cfg.get("holding_at", 1 << 30):
+                    point("holding", n=n)
+            del rec
+        for old in held:
+            err = recheck(old)
+            if err:
+                fail(err)
+        say("done", json.dumps({"n": n}))
+
+
 ASYNC_ROLES = {
+    "broadcast_reader": role_broadcast_reader,
     "idle": role_idle,
     "consumer": role_consumer,
     "producer": role_producer,

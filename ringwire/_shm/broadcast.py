@@ -1,0 +1,528 @@
+"""The writer's side of a broadcast on one host: segments, one socket per reader, joins.
+
+A :class:`BroadcastHub` owns everything a broadcast writer shares with its readers:
+
+* a listening Unix socket at the broadcast's path (mode 0600; every peer's uid is
+  checked with ``SO_PEERCRED``, as a :class:`~ringwire.Listener` does);
+* the broadcast ring segment (:mod:`ringwire._wire.broadcast_ring`) and, with tensor
+  slots, the pool segment (:mod:`ringwire._shm.broadcast_pool`).  Both names are
+  unlinked the moment they are made: the hub keeps one descriptor of each and hands
+  it to every reader that joins, over its socket (``SCM_RIGHTS``).  So a reader may
+  join at any time, and however anybody dies, nothing is left in ``/dev/shm``;
+* one control socket per reader, after the join handshake of
+  :mod:`ringwire._wire.broadcast_control`: doorbells both ways, and liveness -- a
+  reader that dies closes its socket, so its end of file reaches the hub at once.
+
+Every descriptor the hub waits on sits in one selector (epoll / kqueue), whose own
+descriptor (:meth:`BroadcastHub.fileno`) is readable whenever a join, a doorbell or a
+hang-up is pending: the writer's drivers wait on that single descriptor, asyncio
+watches it for the life of the broadcast, a blocking writer's watcher thread polls
+it.  :meth:`BroadcastHub.poll` does what is pending without ever waiting -- accepts,
+steps handshakes, drains doorbells, retires readers that went -- and reports what
+happened to readers as :class:`ReaderEvent` s; what to *do* about a lost reader (go
+on, or fail the broadcast) is the writer core's policy (:mod:`ringwire._conn.broadcast`).
+
+Admission happens when ``Joined`` is sent, between two publishes (the hub is only
+driven from the writer's thread, or under its lock): the reader starts at the current
+tail, its ring space and its share of every later slot count from then on.  A reader
+that goes -- end of file with its closed flag set (it *left*), without it (it *died*),
+after an abort, or dropped by the writer -- stops holding ring space and gives up its
+share of every slot before :meth:`BroadcastHub.poll` returns.  A rank whose reader the
+writer dropped while its process still runs is not handed out again until that
+process is gone (it may still write to its entry and its lane).
+
+The seam for readers on other hosts: a remote reader would be one more kind of
+connection here -- admitted and retired the same way, fed by forwarding each frame the
+writer publishes over its TCP channel (slots inline or through NIXL) -- which needs
+the TCP transport of the issue "Beyond one host"; until then only local readers exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import socket
+import time
+from typing import Any, NamedTuple
+
+import posix_ipc
+
+from .._errors import HandshakeError, ProtocolError, RingwireError, SharedMemoryFull
+from .._wire.broadcast_control import (
+    Join,
+    Joined,
+    MessageReader,
+    Refused,
+    Started,
+    choose_broadcast_version,
+    encode_broadcast_message,
+    validate_join,
+)
+from .._wire.broadcast_ring import BroadcastWriter, broadcast_ring_size, init_broadcast_ring
+from .._wire.control import ControlReader, SegmentSpec, encode_abort
+from .._wire.ring import init_ring, validate_capacity
+from .._wire.slotlayout import init_pool, pool_size
+from .broadcast_pool import LANE_SIZE, BroadcastPool
+from .segment import Segment, pid_alive, sweep
+from .slotconfig import RELEASE_CAPACITY, SlotConfig
+from .sockets import bind_unix_socket, check_peer
+
+__all__ = ["BroadcastHub", "ReaderEvent"]
+
+logger = logging.getLogger("ringwire")
+_MAX_RECORD_SLACK = 1024  # bytes of a record's frame left for what is not array data
+_WAKE = object()
+
+
+class ReaderEvent(NamedTuple):
+    """Something that happened to a reader, as :meth:`BroadcastHub.poll` reports it.
+
+    ``kind``: ``"joined"`` (admitted: space and slots count it from now on), ``"ready"``
+    (it attached everything), ``"left"`` (it closed cleanly, or went before it was
+    ready), ``"lost"`` (it died, aborted, or broke the protocol: ``detail`` says which).
+    """
+
+    kind: str
+    rank: int
+    pid: int
+    detail: str = ""
+
+
+class _Conn:
+    """One reader's control socket, from accept to retirement."""
+
+    __slots__ = ("sock", "fd", "pid", "rank", "ready", "msgs", "control", "deadline")
+
+    def __init__(self, sock: socket.socket, pid: int, deadline: float) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.pid = pid
+        self.rank = -1  # until admitted
+        self.ready = False  # Started arrived
+        self.msgs: MessageReader | None = MessageReader()
+        self.control = ControlReader()
+        self.deadline = deadline  # for the join handshake
+
+
+def _passable(size: int) -> tuple[Segment, int]:
+    """A new segment of ``size`` bytes whose name is already gone, and a descriptor of
+    it to hand to readers (the mapping and the descriptor keep the memory)."""
+    seg = Segment.create(size)
+    try:
+        shm = posix_ipc.SharedMemory(seg.name)
+        try:
+            fd = os.dup(shm.fd)
+        finally:
+            shm.close_fd()
+    except BaseException:
+        seg.unlink()
+        seg.close()
+        raise
+    seg.unlink()
+    return seg, fd
+
+
+class BroadcastHub:
+    """See the module docstring.  Not thread-safe: drive it from one thread at a time."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        capacity: int,
+        readers: int,
+        slots: SlotConfig | None,
+        handshake_timeout: float,
+    ) -> None:
+        validate_capacity(capacity)
+        size = broadcast_ring_size(capacity, readers)  # checks ``readers``
+        self.path = path
+        self.readers = readers
+        self.capacity = capacity
+        self.handshake_timeout = handshake_timeout
+        self.conns: dict[int, _Conn] = {}  # rank -> admitted reader
+        self._pending: set[_Conn] = set()  # accepted, not admitted yet
+        self.evicted: dict[int, int] = {}  # rank -> pid of a reader dropped while alive
+        self.events: list[ReaderEvent] = []
+        self.live_mask = 0  # readers admitted (the slot holders of a new record)
+        self.failed: str | None = None
+        self.closed = False
+        self.doorbells_sent = self.doorbells_received = 0
+        self.joined = self.left = self.lost = self.refused = 0
+        self._fds: list[int] = []
+        self._segs: list[Segment] = []
+        self.pool: BroadcastPool | None = None
+        self._sock = bind_unix_socket(path)
+        try:
+            sweep()  # names of dead processes (a writer killed between create and unlink)
+            seg, fd = _passable(size)
+            self._segs.append(seg)
+            self._fds.append(fd)
+            init_broadcast_ring(seg.buf, 0, capacity, readers)
+            self.writer = BroadcastWriter(seg.buf)
+            if slots is not None:
+                self.pool = self._make_pool(slots)
+            self._sel = selectors.DefaultSelector()
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._sel.register(self._sock, selectors.EVENT_READ, None)
+            self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+        except BaseException:
+            self._sock.close()
+            os.unlink(path)
+            for seg in self._segs:
+                seg.close()
+            for fd in self._fds:
+                os.close(fd)
+            raise
+
+    def _make_pool(self, config: SlotConfig) -> BroadcastPool:
+        psize = pool_size(config.classes)
+        try:
+            seg, fd = _passable(psize + (1 + self.readers) * LANE_SIZE)
+        except SharedMemoryFull as exc:
+            raise SharedMemoryFull(
+                f"{exc}; this is a broadcast's tensor-slot pool ({config.describe()}): "
+                "configure smaller slot classes, or slots=None to send every array inline"
+            ) from None
+        self._segs.append(seg)
+        self._fds.append(fd)
+        layout = init_pool(seg.buf, config.classes)
+        for k in range(1 + self.readers):
+            init_ring(seg.buf, psize + k * LANE_SIZE, RELEASE_CAPACITY)
+        return BroadcastPool(
+            seg, layout, config, self.writer.max_payload - _MAX_RECORD_SLACK, self.readers
+        )
+
+    def __repr__(self) -> str:
+        return f"<BroadcastHub {self.path} {len(self.conns)}/{self.readers} readers>"
+
+    def fileno(self) -> int:
+        """Readable while a join, doorbell or hang-up is pending (see the docstring)."""
+        return self._sel.fileno()
+
+    @property
+    def ready_count(self) -> int:
+        return sum(1 for c in self.conns.values() if c.ready)
+
+    def pid_of(self, rank: int) -> int:
+        c = self.conns.get(rank)
+        return c.pid if c is not None else 0
+
+    def is_ready(self, rank: int) -> bool:
+        c = self.conns.get(rank)
+        return c is not None and c.ready
+
+    def wake(self) -> None:
+        """Make :meth:`fileno` readable once (to stop a watcher)."""
+        try:
+            self._wake_w.send(b"w")
+        except OSError:
+            pass
+
+    # -- doing what is pending --------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Accept, step joins, drain doorbells, retire readers that went: whatever is
+        pending now, without waiting.  Appends to :attr:`events`; ``True`` if anything
+        arrived (a waiter should re-check)."""
+        if self.closed:
+            return False
+        woke = False
+        for key, _ in self._sel.select(0):
+            c = key.data
+            woke = True
+            if c is None:
+                self._accept()
+            elif c is _WAKE:
+                try:
+                    self._wake_r.recv(512)
+                except OSError:
+                    pass
+            elif c.ready:
+                self._drain(c)
+            else:
+                self._step_join(c)
+        if self._pending or any(not c.ready for c in self.conns.values()):
+            self._expire()
+        return woke
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: the next poll tries again
+                logger.warning("ringwire broadcast %s: accept failed: %s", self.path, exc)
+                return
+            sock.setblocking(False)
+            try:
+                pid = check_peer(sock)
+            except (RingwireError, OSError) as exc:
+                self.refused += 1
+                logger.warning("ringwire broadcast %s refused a reader: %s", self.path, exc)
+                sock.close()
+                continue
+            c = _Conn(sock, pid, time.monotonic() + self.handshake_timeout)
+            self._pending.add(c)
+            self._sel.register(sock, selectors.EVENT_READ, c)
+
+    def _recv(self, c: _Conn) -> bytes | None:
+        """What the socket holds now: bytes, ``b""`` at end of file, ``None`` if nothing."""
+        try:
+            return c.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return b""
+
+    def _step_join(self, c: _Conn) -> None:
+        data = self._recv(c)
+        if data is None:
+            return
+        if not data:
+            self._retire(c, "went before it was ready")
+            return
+        try:
+            assert c.msgs is not None
+            c.msgs.feed(data)
+            while c.msgs is not None and not c.ready:
+                msg = c.msgs.next()
+                if msg is None:
+                    break
+                if c.rank < 0 and isinstance(msg, Join):
+                    if not self._admit(c, msg):
+                        return
+                elif c.rank >= 0 and isinstance(msg, Started):
+                    c.ready = True
+                    self.events.append(ReaderEvent("ready", c.rank, c.pid))
+                    rest, c.msgs = c.msgs.rest, None
+                    if rest:
+                        self.doorbells_received += c.control.feed(rest)
+                else:
+                    raise HandshakeError(f"unexpected {type(msg).__name__} while joining")
+        except (HandshakeError, ProtocolError) as exc:
+            self._refuse(c, str(exc))
+
+    def _pick_rank(self, want: int) -> int:
+        def usable(r: int) -> bool:
+            if r in self.conns:
+                return False
+            pid = self.evicted.get(r)
+            if pid is not None:
+                if pid_alive(pid):
+                    return False
+                del self.evicted[r]
+            return True
+
+        if want >= 0:
+            if usable(want):
+                return want
+            if want in self.conns:
+                raise HandshakeError(f"rank {want} is taken (by pid {self.conns[want].pid})")
+            raise HandshakeError(
+                f"rank {want} was dropped by the writer and its process (pid "
+                f"{self.evicted[want]}) still runs"
+            )
+        for r in range(self.readers):
+            if usable(r):
+                return r
+        raise HandshakeError(f"all {self.readers} reader ranks of this broadcast are taken")
+
+    def _admit(self, c: _Conn, join: Join) -> bool:
+        if self.failed is not None:
+            raise HandshakeError(f"this broadcast failed: {self.failed}")
+        version = choose_broadcast_version(join.versions)
+        validate_join(join, self.readers)
+        rank = self._pick_rank(join.rank)
+        start = self.writer.admit(rank, c.pid)
+        c.rank = rank
+        self.conns[rank] = c
+        self._pending.discard(c)
+        self.live_mask |= 1 << rank
+        pool = self.pool
+        lane = pool.admit(rank) if pool is not None else 0
+        ring_seg = self._segs[0]
+        msg = Joined(
+            version=version,
+            pid=os.getpid(),
+            rank=rank,
+            start=start,
+            capacity=self.capacity,
+            readers=self.readers,
+            ring=SegmentSpec(ring_seg.name, ring_seg.size, "broadcast"),
+            pool=None if pool is None else SegmentSpec(pool.seg.name, pool.seg.size, "slots"),
+            lane_offset=lane,
+            fds=len(self._fds),
+        )
+        data = encode_broadcast_message(msg)
+        try:
+            n = socket.send_fds(c.sock, [data], self._fds)
+            if n < len(data):  # a fresh socket's buffer takes a few hundred bytes at once
+                c.sock.sendall(data[n:])
+        except OSError as exc:
+            self._retire(c, f"could not be told where to read: {exc}")
+            return False
+        self.joined += 1
+        self.events.append(ReaderEvent("joined", rank, c.pid))
+        return True
+
+    def _refuse(self, c: _Conn, reason: str) -> None:
+        self.refused += 1
+        logger.warning("ringwire broadcast %s refused pid %s: %s", self.path, c.pid, reason)
+        try:
+            c.sock.send(encode_broadcast_message(Refused(reason[:1000])))
+        except OSError:
+            pass
+        self._retire(c, f"refused: {reason}")
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for c in [*self._pending, *(c for c in self.conns.values() if not c.ready)]:
+            if now > c.deadline:
+                self._refuse(c, f"did not finish joining within {self.handshake_timeout} s")
+
+    def _drain(self, c: _Conn) -> None:
+        while True:
+            data = self._recv(c)
+            if data is None:
+                return
+            if not data:
+                self._retire(c, "")
+                return
+            try:
+                self.doorbells_received += c.control.feed(data)
+            except ProtocolError as exc:
+                self._retire(c, f"broke the protocol: {exc}", lost=True)
+                return
+            if c.control.reason is not None:
+                self._retire(c, f"dropped the broadcast: {c.control.reason}", lost=True)
+                return
+            if len(data) < 4096:
+                return
+
+    # -- retiring readers -------------------------------------------------------------
+
+    def _retire(self, c: _Conn, why: str, *, lost: bool = False) -> None:
+        """Forget ``c``: its ring space, its slot shares, its socket.  ``why`` empty: an
+        end of file, a leave or a death as its closed flag says."""
+        self._pending.discard(c)
+        try:
+            self._sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+        rank = c.rank
+        if rank < 0 or self.conns.get(rank) is not c:
+            return
+        clean = self.writer.reader_closed_flag(rank)
+        del self.conns[rank]
+        self.live_mask &= ~(1 << rank)
+        self.writer.remove(rank)
+        if self.pool is not None:
+            self.pool.drop(rank)
+        if lost or (c.ready and not clean and not why):
+            if pid_alive(c.pid):  # (it may still write to its entry: keep its rank for now)
+                self.evicted[rank] = c.pid
+            self.lost += 1
+            detail = why or "died (its control socket closed without a leave)"
+            self.events.append(ReaderEvent("lost", rank, c.pid, detail))
+        else:
+            self.left += 1
+            self.events.append(ReaderEvent("left", rank, c.pid, why or "left"))
+
+    def lose(self, rank: int, why: str) -> None:
+        """Retire ``rank`` as lost (a bad head or release): tell it why, shut it out."""
+        c = self.conns.get(rank)
+        if c is None:
+            return
+        self._abort(c, why)
+        self.evicted[rank] = c.pid
+        self._retire(c, why, lost=True)
+
+    def drop(self, rank: int, why: str) -> bool:
+        """The writer drops ``rank`` (it stalled, say): tell it why and stop keeping
+        anything for it.  Not a loss.  ``False`` if there is no such reader."""
+        c = self.conns.get(rank)
+        if c is None:
+            return False
+        self._abort(c, why)
+        if pid_alive(c.pid):
+            self.evicted[rank] = c.pid
+        self._retire(c, f"dropped by the writer: {why}")
+        return True
+
+    def fail(self, reason: str) -> None:
+        """The broadcast failed: every reader is told ``reason`` and shut out; joins are
+        refused from now on.  Nothing more is published, so the readers keep their ring
+        space and slot shares: each still reads what was published before (its slot
+        references stay valid), then gets the reason."""
+        if self.failed is None:
+            self.failed = reason
+        for c in [*self.conns.values(), *self._pending]:
+            self._abort(c, reason)
+            self._pending.discard(c)
+            try:
+                self._sel.unregister(c.sock)
+            except (KeyError, ValueError):
+                pass
+            c.sock.close()
+            if c.rank >= 0:
+                self.evicted[c.rank] = c.pid
+        self.conns.clear()
+
+    def _abort(self, c: _Conn, why: str) -> None:
+        try:
+            c.sock.send(encode_abort(why))
+            c.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # -- doorbells ----------------------------------------------------------------------
+
+    def ring(self, ranks: Any, byte: bytes) -> None:
+        """One doorbell to each reader in ``ranks`` (a gone one is retired at the next
+        :meth:`poll`, by its end of file)."""
+        conns = self.conns
+        for r in ranks:
+            c = conns.get(r)
+            if c is None:
+                continue
+            try:
+                c.sock.send(byte)
+                self.doorbells_sent += 1
+            except OSError:
+                pass  # full: it wakes anyway; gone: its end of file is pending
+
+    # -- closing ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Mark the ring closed (readers get what was published, then end of stream),
+        close every socket, remove the path, free the segments."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.failed is None:
+            self.writer.close()
+        for c in [*self.conns.values(), *self._pending]:
+            c.sock.close()
+        self.conns.clear()
+        self._pending.clear()
+        self._sel.close()
+        self._sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self._wake_r.close()
+        self._wake_w.close()
+        if self.pool is not None:
+            self.pool.close()
+        self.writer.release()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+        self._segs[0].close()

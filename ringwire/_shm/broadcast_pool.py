@@ -1,0 +1,256 @@
+"""A broadcast writer's slot pool: one copy, N readers, N acknowledgements.
+
+The pool segment of a broadcast is a slot pool (:mod:`ringwire._wire.slotlayout`)
+followed by release lanes, one per reader rank::
+
+    offset                                   size                 written by
+    ------                                   ----                 ----------
+    0                                        pool_size(classes)   writer: the slot pool
+    pool_size                                lane                 nobody (see below)
+    pool_size + (1 + r) * lane               lane                 reader r: its release lane
+
+(``lane = ring_size(RELEASE_CAPACITY)``.)  Placing arrays, loans, policies and the
+shared slot table are the 1:1 channel's :class:`~ringwire._shm.sendpool.SendPool`,
+unchanged: a record's array is copied once into a slot (or a loan is used up), the
+table says ``SENT`` before the record is published, and every reader's
+:class:`~ringwire._shm.recvpool.RecvPool` resolves the same reference into its own
+read-only view, with its own finalizer, releasing on its own lane.  The lane a
+``SendPool`` reads itself (right after the pool) is written by nobody here: it stays
+empty, so the ``SendPool`` never frees a slot on its own.  What is different is *when*
+a slot comes back, and that is all this module does:
+
+Counting
+--------
+When a record is published, every slot it took gets the set of readers that must
+release it -- the readers admitted at that moment, as a bit mask in the writer's
+private memory (:meth:`BroadcastPool.published`).  A release ``(slot, generation)`` on
+reader r's lane clears bit r; the slot is freed (generation + 1) when the mask is
+empty.  A release for a slot r does not hold -- another generation, a bit already
+clear, a slot never sent -- is refused and marks r *faulty* (the caller drops it).  A
+reader that goes (death, leave, drop) gives up its share of every slot at once
+(:meth:`BroadcastPool.drop`), after the releases it had published are counted.  A
+record published with no reader at all frees its slots right away.
+
+Only the writer's thread touches this (the writer's lock serialises a blocking
+writer with its watcher thread); finalizers of dropped loans only append to the
+``SendPool``'s deque, taken back at the next :meth:`BroadcastPool.poll`.
+
+Trust: every reader maps the whole pool segment writable (it writes its own lane), as
+a channel's consumer maps its producer's pool.  A reader's bad release is refused and
+drops that reader, but nothing stops a hostile process of the same uid from writing
+into *another* reader's lane; readers of one broadcast are one application's ranks.
+(One lane segment per reader, passed as its own descriptor, would close that.)
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from .._errors import RingCorrupted, SlotRefused
+from .._wire.ring import RingReader, init_ring, ring_size
+from .._wire.slotlayout import PoolLayout, SlotAllocator
+from .cuda import split_tag
+from .segment import Segment
+from .sendpool import Placed, SendPool
+from .slotconfig import RELEASE_CAPACITY, SlotConfig
+
+__all__ = ["LANE_SIZE", "BroadcastPool", "lane_offset"]
+
+logger = logging.getLogger("ringwire")
+LANE_SIZE = ring_size(RELEASE_CAPACITY)
+
+
+def lane_offset(layout: PoolLayout, rank: int) -> int:
+    """Where reader ``rank``'s release lane starts in the pool segment."""
+    return layout.total_size + (1 + rank) * LANE_SIZE
+
+
+class BroadcastPool:
+    """The writer's slot pool, shared by every reader (see the module docstring)."""
+
+    def __init__(
+        self, seg: Segment, layout: PoolLayout, config: SlotConfig, max_inline: int, readers: int
+    ) -> None:
+        self.seg = seg
+        self.layout = layout
+        self.config = config
+        self.send = SendPool(seg, layout, config, max_inline)
+        self.readers = readers
+        self.lanes: dict[int, RingReader] = {}
+        self.holders: dict[int, list[int]] = {}  # tag -> [generation, mask of readers]
+        self.faulty: list[int] = []  # ranks whose releases were refused
+        self.shares_dropped = 0  # releases owed by readers that went
+        self.releases = 0
+        self._parked = 0
+
+    # -- readers ----------------------------------------------------------------------
+
+    def admit(self, rank: int) -> int:
+        """Give reader ``rank`` a fresh release lane; return its offset."""
+        old = self.lanes.pop(rank, None)
+        if old is not None:
+            old.release()
+        off = lane_offset(self.layout, rank)
+        init_ring(self.seg.buf, off, RELEASE_CAPACITY)
+        lane = self.lanes[rank] = RingReader(self.seg.buf, off)
+        if self._parked:
+            lane.park()
+        return off
+
+    def drop(self, rank: int) -> int:
+        """Reader ``rank`` is gone: count the releases it published, then give up its
+        share of every slot; return how many shares were given up."""
+        lane = self.lanes.get(rank)
+        if lane is None:
+            return 0
+        try:
+            self._poll_lane(rank, lane)
+        except (SlotRefused, RingCorrupted):
+            pass  # it is going anyway
+        del self.lanes[rank]
+        lane.release()
+        bit = 1 << rank
+        n = 0
+        for tag, h in list(self.holders.items()):
+            if h[1] & bit:
+                n += 1
+                self._clear(tag, h, bit)
+        self.shares_dropped += n
+        return n
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def published(self, placed: Placed, mask: int) -> None:
+        """A record that took ``placed`` was published while the readers in ``mask``
+        were admitted: each must release each slot."""
+        for tag, gen, _ in placed:
+            if mask:
+                self.holders[tag] = [gen, mask]
+            else:
+                self._free(tag, gen)
+
+    # -- releases -----------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        if self.send.loan_returns:
+            return True
+        return any(lane.available() for lane in self.lanes.values())
+
+    def poll(self) -> list[int]:
+        """Count every release the readers published (and take back dropped loans);
+        return the ranks that need a doorbell back (they wait for room in their lane).
+        A reader whose release is refused lands in :attr:`faulty`."""
+        ring_back: list[int] = []
+        for rank, lane in list(self.lanes.items()):
+            try:
+                if self._poll_lane(rank, lane):
+                    ring_back.append(rank)
+            except (SlotRefused, RingCorrupted) as exc:
+                logger.warning("ringwire broadcast: reader rank %s: %s", rank, exc)
+                self.faulty.append(rank)
+        if self.send.loan_returns:
+            self.send.poll()  # only loans: nobody writes the SendPool's own lane
+        return ring_back
+
+    def _poll_lane(self, rank: int, lane: RingReader) -> bool:
+        bit = 1 << rank
+        try:
+            while True:
+                view = lane.next_frame()
+                if view is None:
+                    break
+                try:
+                    n = len(view)
+                    if n % 16:
+                        raise RingCorrupted(f"release frame of {n} bytes")
+                    vals = struct.unpack(f"={n // 8}Q", view)
+                finally:
+                    view.release()
+                for i in range(0, len(vals), 2):
+                    tag, gen = vals[i], vals[i + 1]
+                    h = self.holders.get(tag)
+                    if h is None or h[0] != gen or not h[1] & bit:
+                        raise SlotRefused(
+                            f"release of slot {tag:#x} generation {gen}, which this reader "
+                            "does not hold (double release, stale, or never sent)"
+                        )
+                    self.releases += 1
+                    self._clear(tag, h, bit)
+        finally:
+            if lane.pending:
+                lane.commit()
+        return lane.writer_needs_doorbell()
+
+    def _clear(self, tag: int, h: list[int], bit: int) -> None:
+        h[1] &= ~bit
+        if not h[1]:
+            del self.holders[tag]
+            self._free(tag, h[0])
+
+    def _alloc_of(self, tag: int) -> tuple[SlotAllocator, int]:
+        split = split_tag(tag)
+        if split is None:
+            return self.send.alloc, tag
+        device, slot = split
+        return self.send.cuda_pools[device].alloc, slot
+
+    def _free(self, tag: int, gen: int) -> None:
+        alloc, slot = self._alloc_of(tag)
+        with self.send.lock:
+            try:
+                alloc.release(slot, gen)
+            except SlotRefused:  # pragma: no cover - our own bookkeeping disagrees
+                logger.exception("ringwire broadcast: slot %#x generation %s", tag, gen)
+
+    # -- queries ------------------------------------------------------------------------
+
+    def held_by(self, rank: int) -> int:
+        """How many slots reader ``rank`` still has to release."""
+        bit = 1 << rank
+        return sum(1 for h in self.holders.values() if h[1] & bit)
+
+    def holders_summary(self) -> dict[int, int]:
+        """rank -> slots it holds, for the readers that hold any."""
+        out: dict[int, int] = {}
+        for h in self.holders.values():
+            m, r = h[1], 0
+            while m:
+                if m & 1:
+                    out[r] = out.get(r, 0) + 1
+                m >>= 1
+                r += 1
+        return out
+
+    def consumed(self, pairs: Sequence[tuple[int, int]]) -> bool:
+        return self.send.consumed(pairs)
+
+    def statistics(self) -> dict[str, Any]:
+        out = self.send.statistics()
+        out["releases_received"] = self.releases
+        out["slots_reclaimed"] = self.shares_dropped
+        return out
+
+    # -- waiting for a release (counted: several waiters may park) ----------------------
+
+    def park(self) -> None:
+        self._parked += 1
+        for lane in self.lanes.values():
+            lane.park()
+
+    def unpark(self) -> None:
+        self._parked -= 1
+        if not self._parked:
+            for lane in self.lanes.values():
+                lane.unpark()
+
+    def close(self) -> None:
+        """The writer closed: drop the lanes, close the pool (records already published
+        stay resolvable for readers that have not read them, see ``SendPool.close``)."""
+        for lane in self.lanes.values():
+            lane.release()
+        self.lanes.clear()
+        self.holders.clear()
+        self.send.close()

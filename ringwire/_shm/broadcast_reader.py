@@ -1,0 +1,389 @@
+"""A broadcast reader's transport: joining, and the seam an endpoint reads through.
+
+:func:`join_handshake` is the reader's side of the join of
+:mod:`ringwire._wire.broadcast_control` as a generator (it yields ``("send", bytes)``
+or ``("recv", None)``, answered with ``(bytes, descriptors)``; ``b""`` at end of
+file), and :func:`drive_join_sync` / :func:`drive_join_async` perform it on a
+non-blocking socket.  The segments arrive as descriptors (``SCM_RIGHTS``): each is
+checked like :meth:`Segment.attach <ringwire._shm.segment.Segment.attach>` checks a
+name (our uid, nobody else's access, the announced size), mapped, and closed; their
+names were unlinked by the writer when it made them.
+
+:class:`SubscriberTransport` is what a reader's
+:class:`~ringwire._conn.endpoint.Endpoint` runs over
+(:class:`ringwire._conn.transport.Transport`): its receiving lane is this reader's
+cursor in the broadcast ring (:class:`~ringwire._wire.broadcast_ring.BroadcastReader`),
+its sending lane is :class:`NullWriter` (a reader publishes nothing), its peer's pool
+is the writer's slot pool with this reader's own release lane; doorbells, aborts and
+liveness travel on its control socket exactly as on a connection's.  So receiving,
+decoding, slot views and their finalizers, ``EndOfStream`` after a clean close and
+``BrokenResourceError`` after the writer's death are the endpoint's own code.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import select
+import socket
+import stat
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
+from .._wire.broadcast_control import (
+    BROADCAST_VERSIONS,
+    Join,
+    Joined,
+    MessageReader,
+    Refused,
+    Started,
+    encode_broadcast_message,
+    validate_joined,
+)
+from .._wire.broadcast_ring import BroadcastReader, read_broadcast_header
+from .._wire.control import DOORBELL_SPACE, ControlReader, SegmentSpec, encode_abort
+from .._wire.ring import check_ring
+from .._wire.slotlayout import PoolLayout, read_pool
+from .recvpool import RecvPool
+from .segment import Segment
+from .slotconfig import RELEASE_CAPACITY
+
+__all__ = [
+    "JoinResult",
+    "NullWriter",
+    "SubscriberTransport",
+    "drive_join_async",
+    "drive_join_sync",
+    "join_handshake",
+]
+
+_HANGUP = getattr(select, "POLLRDHUP", 0)
+
+
+class NullWriter:
+    """A reader's sending lane: it carries nothing (every send is refused as if the
+    peer had closed its end)."""
+
+    capacity = 0
+    max_payload = 0
+
+    def check_size(self, n: int) -> None:
+        raise RingwireError("a broadcast reader cannot send")
+
+    def try_write(self, payload: Any) -> bool | None:
+        return None
+
+    def write_many(self, payloads: Sequence[Any], start: int = 0) -> tuple[int, int]:
+        return 0, 0
+
+    def fits_now(self, n: int) -> bool:
+        return False
+
+    def used(self) -> int:
+        return 0
+
+    @property
+    def reader_closed(self) -> bool:
+        return True
+
+    def reader_needs_doorbell(self) -> bool:
+        return False
+
+    def reader_wants_doorbell_for_close(self) -> bool:
+        return False
+
+    def park(self) -> None:
+        pass
+
+    def unpark(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+@dataclass
+class JoinResult:
+    joined: Joined
+    ring: Segment
+    pool: tuple[Segment, PoolLayout] | None
+    rest: bytes  # what followed Joined on the socket (an early abort, say)
+
+
+def _attach_fd(fd: int, spec: SegmentSpec) -> Segment:
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        raise SegmentError(f"segment {spec.name} belongs to uid {st.st_uid}, not to us")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise SegmentError(f"segment {spec.name} is accessible to others")
+    if st.st_size != spec.size:
+        raise SegmentError(f"segment {spec.name} has {st.st_size} bytes, not {spec.size}")
+    return Segment(spec.name, spec.size, mmap.mmap(fd, spec.size), created=False)
+
+
+_Step = tuple[str, bytes | None]
+JoinGen = Generator[_Step, tuple[bytes, list[int]], JoinResult]
+
+
+def join_handshake(rank: int | None) -> JoinGen:
+    """The reader's side of the join (see the module docstring)."""
+    want = -1 if rank is None else rank
+    yield (
+        "send",
+        encode_broadcast_message(
+            Join(versions=list(BROADCAST_VERSIONS), pid=os.getpid(), rank=want)
+        ),
+    )
+    msgs = MessageReader()
+    fds: list[int] = []
+    segs: list[Segment] = []
+    try:
+        while True:
+            msg = msgs.next()
+            if msg is not None:
+                break
+            data, got = yield ("recv", None)
+            fds.extend(got)
+            if not data:
+                raise HandshakeError("the writer closed the connection during the join")
+            msgs.feed(data)
+        if isinstance(msg, Refused):
+            raise HandshakeError(f"the broadcast refused this reader: {msg.reason}")
+        if not isinstance(msg, Joined):
+            raise HandshakeError(f"unexpected {type(msg).__name__} from the writer")
+        validate_joined(msg, len(fds))
+        try:
+            ring = _attach_fd(fds[0], msg.ring)
+            segs.append(ring)
+            if read_broadcast_header(ring.buf) != (msg.capacity, msg.readers):
+                raise HandshakeError("the broadcast ring does not match what the writer announced")
+            pool = None
+            if msg.pool is not None:
+                pseg = _attach_fd(fds[1], msg.pool)
+                segs.append(pseg)
+                layout = read_pool(pseg.buf)
+                if msg.lane_offset < layout.total_size:
+                    raise HandshakeError("the release lane overlaps the slot pool")
+                check_ring(pseg.buf, msg.lane_offset, RELEASE_CAPACITY)
+                pool = (pseg, layout)
+        except (SegmentError, RingCorrupted, RingwireError, ValueError) as exc:
+            if isinstance(exc, HandshakeError):
+                raise
+            raise HandshakeError(f"cannot attach the broadcast: {exc}") from None
+        yield ("send", encode_broadcast_message(Started()))
+        result = JoinResult(msg, ring, pool, msgs.rest)
+        segs.clear()
+        return result
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for seg in segs:
+            seg.close()
+
+
+def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
+    data, fds, flags, _ = socket.recv_fds(sock, 65536, 4)
+    if flags & getattr(socket, "MSG_CTRUNC", 0):
+        for fd in fds:
+            os.close(fd)
+        raise HandshakeError("descriptors from the writer were cut off")
+    return data, list(fds)
+
+
+def _poll(fd: int, events: int, timeout: float | None) -> None:
+    p = select.poll()
+    p.register(fd, events)
+    p.poll(-1 if timeout is None else max(0, math.ceil(timeout * 1000)))
+
+
+def drive_join_sync(gen: JoinGen, sock: socket.socket, deadline: float) -> JoinResult:
+    """Perform :func:`join_handshake` on a non-blocking socket, by ``deadline``."""
+
+    def left() -> float:
+        t = deadline - time.monotonic()
+        if t <= 0:
+            raise TimeoutError("joining the broadcast timed out")
+        return t
+
+    try:
+        step = next(gen)
+        while True:
+            kind, data = step
+            answer: tuple[bytes, list[int]] = (b"", [])
+            if kind == "recv":
+                while True:
+                    try:
+                        answer = _recv_fds(sock)
+                        break
+                    except (BlockingIOError, InterruptedError):
+                        _poll(sock.fileno(), select.POLLIN, left())
+                    except (ConnectionResetError, BrokenPipeError):
+                        break
+            else:
+                assert data is not None
+                view = memoryview(data)
+                try:
+                    while view:
+                        try:
+                            view = view[sock.send(view) :]
+                        except BlockingIOError:
+                            _poll(sock.fileno(), select.POLLOUT, left())
+                except OSError:
+                    raise HandshakeError(
+                        "the writer closed the connection during the join"
+                    ) from None
+            step = gen.send(answer)
+    except StopIteration as stop:
+        result: JoinResult = stop.value
+        return result
+    finally:
+        gen.close()
+
+
+async def drive_join_async(gen: JoinGen, sock: socket.socket) -> JoinResult:
+    """Perform :func:`join_handshake` on a non-blocking socket (bound by the caller's
+    cancel scope)."""
+    try:
+        step = next(gen)
+        while True:
+            kind, data = step
+            answer: tuple[bytes, list[int]] = (b"", [])
+            if kind == "recv":
+                while True:
+                    try:
+                        answer = _recv_fds(sock)
+                        break
+                    except (BlockingIOError, InterruptedError):
+                        await anyio.wait_readable(sock)
+                    except (ConnectionResetError, BrokenPipeError):
+                        break
+            else:
+                assert data is not None
+                view = memoryview(data)
+                try:
+                    while view:
+                        try:
+                            view = view[sock.send(view) :]
+                        except BlockingIOError:
+                            await anyio.wait_writable(sock)
+                except OSError:
+                    raise HandshakeError(
+                        "the writer closed the connection during the join"
+                    ) from None
+            step = gen.send(answer)
+    except StopIteration as stop:
+        result: JoinResult = stop.value
+        return result
+    finally:
+        gen.close()
+
+
+class SubscriberTransport:
+    """One reader of a broadcast (see the module docstring)."""
+
+    def __init__(
+        self, sock: socket.socket, result: JoinResult, writer_pid: int, copy_out: bool
+    ) -> None:
+        joined = result.joined
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._ring_seg = result.ring
+        self.rank = joined.rank
+        self.start = joined.start
+        self.readers = joined.readers
+        self.rx = BroadcastReader(result.ring.buf, joined.rank)
+        if self.rx.start != joined.start:
+            self.rx.release()
+            raise HandshakeError("the reader table does not say what the writer announced")
+        self.tx = NullWriter()
+        self.peer_pid = writer_pid
+        self.version = joined.version
+        self.doorbells_sent = self.doorbells_received = 0
+        self._hangup_poll: Any = None
+        self._control = ControlReader()
+        if result.rest:
+            self.doorbells_received += self._control.feed(result.rest)
+        self.send_pool = None
+        self.recv_pool: RecvPool | None = None
+        if result.pool is not None:
+            seg, layout = result.pool
+            self.recv_pool = RecvPool(
+                seg, layout, self._release_bell, copy_out, lane_offset=joined.lane_offset
+            )
+
+    def _release_bell(self) -> None:
+        # the release sink's doorbell: a finalizer may run it, so it never blocks
+        self._sock.send(DOORBELL_SPACE)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def ring(self, byte: bytes) -> bool:
+        try:
+            self._sock.send(byte)
+            self.doorbells_sent += 1
+        except BlockingIOError:
+            pass  # unread doorbells are queued: the writer wakes anyway
+        except OSError:
+            return False
+        return True
+
+    def drain(self) -> bool:
+        if self._control.reason is not None:
+            return True
+        sock = self._sock
+        while True:
+            try:
+                data = sock.recv(512)
+            except BlockingIOError:
+                return False
+            except InterruptedError:
+                continue
+            except OSError:
+                return True
+            if not data:
+                return True
+            self.doorbells_received += self._control.feed(data)
+            if self._control.reason is not None:
+                return True  # the writer dropped us, or the broadcast failed
+            if len(data) < 512:
+                return False
+
+    @property
+    def peer_reason(self) -> str | None:
+        return self._control.reason
+
+    def abort(self, reason: str) -> None:
+        try:
+            self._sock.send(encode_abort(reason))
+        except OSError:
+            pass
+
+    def hung_up(self) -> bool:
+        p = self._hangup_poll
+        if p is None:
+            p = self._hangup_poll = select.poll()
+            p.register(self._fd, _HANGUP)
+        return bool(p.poll(0))
+
+    def shutdown(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.shutdown()
+        self._sock.close()
+        self.tx.release()
+        self.rx.release()
+        self._ring_seg.close()

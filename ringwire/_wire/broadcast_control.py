@@ -1,0 +1,187 @@
+"""A broadcast's control protocol: the join handshake and what follows it; no I/O.
+
+Every reader of a broadcast has one Unix stream socket to the writer (accepted at the
+broadcast's path, mode 0600, peer uid checked).  It carries, in order:
+
+1. **The join**, length-prefixed msgpack messages ``[u32 big-endian length][msgpack
+   map]`` of at most :data:`~ringwire._wire.control.MAX_MESSAGE` bytes, as the
+   connection handshake of :mod:`ringwire._wire.control`::
+
+       reader -> writer   Join     versions, the reader's pid, the rank it wants (or -1)
+       writer -> reader   Joined   version, writer pid, rank, start position, ring and
+                                   pool geometry; the segments' file descriptors ride
+                                   along (SCM_RIGHTS), announced by ``fds``
+                   (or)   Refused  a reason (rank taken, table full, bad version...)
+       reader -> writer   Started  the reader attached both segments and checked them
+
+   The writer admits the reader when it sends ``Joined``: from then on the ring keeps
+   space for it from ``start`` on, and every record it publishes counts the reader
+   among those who must release its slots.  The segments' names were unlinked when
+   they were made -- they travel as descriptors, so a late joiner can attach at any
+   time and a crash of anyone leaves nothing in ``/dev/shm``.
+
+2. **Doorbells and the abort** afterwards, exactly as on a connection's control
+   socket (:class:`~ringwire._wire.control.ControlReader`): ``D`` from the writer
+   (published while you were parked), ``C`` (closed while you were parked), ``S`` from
+   a reader (space or a slot release, while the writer was parked), and last perhaps
+   one abort ``X`` + u16 length + UTF-8 reason ("the broadcast failed: reader 2 died").
+
+3. **Liveness**: end of file.  A reader that set its closed flag first has left; one
+   that did not has died.
+
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Union
+
+import msgspec
+
+from .._errors import HandshakeError
+from .broadcast_ring import MAX_READERS
+from .control import MAX_MESSAGE, SegmentSpec
+from .ring import validate_capacity
+
+__all__ = [
+    "BROADCAST_MAGIC",
+    "BROADCAST_VERSIONS",
+    "Join",
+    "Joined",
+    "MessageReader",
+    "Refused",
+    "Started",
+    "choose_broadcast_version",
+    "encode_broadcast_message",
+    "validate_join",
+    "validate_joined",
+]
+
+BROADCAST_MAGIC = "ringwire-broadcast"
+BROADCAST_VERSIONS = (1,)
+_LEN = struct.Struct(">I")
+
+
+class Join(msgspec.Struct, tag="join", kw_only=True):
+    magic: str = BROADCAST_MAGIC
+    versions: list[int]
+    pid: int
+    rank: int = -1  # -1: any free rank
+    features: list[str] = []
+
+
+class Joined(msgspec.Struct, tag="joined", kw_only=True):
+    version: int
+    pid: int  # the writer's
+    rank: int
+    start: int  # the tail at admission: the first byte this reader reads
+    capacity: int
+    readers: int  # entries in the reader table
+    ring: SegmentSpec  # role "broadcast"
+    pool: SegmentSpec | None = None  # role "slots": the writer's slot pool and release lanes
+    lane_offset: int = 0  # where this reader's release lane lies in the pool segment
+    fds: int = 0  # descriptors sent with this message: the ring's, then the pool's
+    features: list[str] = []
+
+
+class Refused(msgspec.Struct, tag="refused"):
+    reason: str
+
+
+class Started(msgspec.Struct, tag="started"):
+    pass
+
+
+Message = Union[Join, Joined, Refused, Started]
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode_broadcast_message(msg: Message) -> bytes:
+    """One length-prefixed frame."""
+    body = _encoder.encode(msg)
+    if len(body) > MAX_MESSAGE:
+        raise HandshakeError(f"broadcast message of {len(body)} bytes is too large")
+    return _LEN.pack(len(body)) + body
+
+
+class MessageReader:
+    """Splits the bytes of a control socket into join messages.  :meth:`feed` the bytes
+    as they come; :meth:`next` returns the next whole message (or ``None``);
+    :attr:`rest` holds what follows the last message taken (after ``Started``: the
+    first doorbells, for a :class:`~ringwire._wire.control.ControlReader`)."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) > MAX_MESSAGE + _LEN.size + 4096:
+            raise HandshakeError("a join message too large (or garbage on the socket)")
+
+    def next(self) -> Message | None:
+        buf = self._buf
+        if len(buf) < _LEN.size:
+            return None
+        (n,) = _LEN.unpack_from(buf)
+        if n > MAX_MESSAGE:
+            raise HandshakeError(f"a join message of {n} bytes (at most {MAX_MESSAGE})")
+        if len(buf) < _LEN.size + n:
+            return None
+        body = bytes(buf[_LEN.size : _LEN.size + n])
+        del buf[: _LEN.size + n]
+        try:
+            return _decoder.decode(body)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise HandshakeError(f"malformed broadcast message: {exc}") from None
+
+    @property
+    def rest(self) -> bytes:
+        out = bytes(self._buf)
+        self._buf.clear()
+        return out
+
+
+def choose_broadcast_version(offered: list[int]) -> int:
+    common = set(offered) & set(BROADCAST_VERSIONS)
+    if not common:
+        raise HandshakeError(
+            f"no common broadcast protocol version: the reader offers {sorted(offered)!r:.200}, "
+            f"this writer speaks {list(BROADCAST_VERSIONS)!r}"
+        )
+    return max(common)
+
+
+def validate_join(msg: Join, readers: int) -> None:
+    """What a writer checks in a ``Join`` before it admits anyone."""
+    if msg.magic != BROADCAST_MAGIC:
+        raise HandshakeError(f"not a ringwire broadcast reader (magic {msg.magic!r:.60})")
+    if not isinstance(msg.rank, int) or not -1 <= msg.rank < readers:
+        raise HandshakeError(
+            f"rank {msg.rank!r:.20} is outside this broadcast's table (0..{readers - 1})"
+        )
+
+
+def validate_joined(msg: Joined, fds: int) -> None:
+    """What a reader checks in ``Joined`` before it maps anything."""
+    if msg.version not in BROADCAST_VERSIONS:
+        raise HandshakeError(f"the writer chose unsupported version {msg.version}")
+    try:
+        validate_capacity(msg.capacity)
+    except ValueError as exc:
+        raise HandshakeError(f"broadcast ring: {exc}") from None
+    if not 1 <= msg.readers <= MAX_READERS or not 0 <= msg.rank < msg.readers:
+        raise HandshakeError(f"rank {msg.rank} of {msg.readers} readers")
+    want = 1 + (msg.pool is not None)
+    if msg.fds != want or fds != want:
+        raise HandshakeError(f"expected {want} descriptor(s) with Joined, got {fds}")
+    for spec in (msg.ring, msg.pool):
+        if spec is not None and not 0 < spec.size <= 1 << 40:
+            raise HandshakeError(f"bad segment size {spec.size!r}")
+    if msg.pool is not None and not 0 < msg.lane_offset < msg.pool.size:
+        raise HandshakeError(f"release lane offset {msg.lane_offset} outside the pool")
+    if msg.start < 0:
+        raise HandshakeError(f"bad start position {msg.start}")
