@@ -1,0 +1,297 @@
+"""The pipeline's worker processes, as ``ringwire.runtime`` entries.
+
+::
+
+    front (HTTP) --Client/serve--> tokenizer --Client/serve--> scheduler --broadcast--> rank 0..N-1
+         ^                             |                          ^  |                      |
+         +--------- Reply -------------+<-------- Reply ----------+  +<--- RankOutput ------+
+                                                                     (listen: fan-in)
+
+* **tokenizer** (``ctx.channel`` is its connection to the front): ``ringwire.serve``
+  answers the front's calls.  For each request it *loans* a tensor slot on its
+  connection to the scheduler, writes the pixel values into it
+  (:func:`pipeline.stages.process`) and calls the scheduler with the
+  ``TokenizedRequest`` -- the feature is written once, into shared memory the scheduler
+  reads in place.
+* **scheduler**: listens for the tokenizer (calls) and for the ranks' outputs (fan-in),
+  and owns the broadcast.  Calls queue up; a step loop takes up to ``MAX_BATCH`` of them,
+  broadcasts the step to every rank (each feature copied once into the broadcast's
+  shared slot pool, viewed zero-copy by all N ranks), gathers N ``RankOutput`` records,
+  combines them and answers each call.
+* **rank** *r*: subscribes as reader *r*, computes its shard of every step
+  (:func:`pipeline.stages.rank_compute`), drops the step (its views go, so the slot
+  returns once all ranks have dropped theirs) and sends its output to the scheduler.
+
+Every worker says it is ready (``ready="explicit"``) only once its connections are up,
+so the topology is ready when the whole pipeline is.  Stopping: the front closes its
+client (the tokenizer's ``serve`` returns), then stops the topology; each worker waits
+for ``ctx.stopping`` and leaves its blocks, which closes the next hop: the scheduler's
+``serve`` returns, it closes the broadcast, and the ranks see the end of the stream.
+A rank that dies fails the broadcast (``on_reader_loss="fail"``): the step in flight
+and every queued call fail at once, and the scheduler exits, which stops the topology.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+import ringwire
+from ringwire import runtime
+
+from . import stages
+from .records import GenerateRequest, RankOutput, Reply, Step, TokenizedRequest
+
+__all__ = [
+    "CALL_TIMEOUT",
+    "FEATURE_SLOTS",
+    "MAX_BATCH",
+    "paths",
+    "rank",
+    "scheduler",
+    "tokenizer",
+]
+
+T = TypeVar("T")
+
+# One request's feature is one tensor [n, 3, 448, 448]: 2.4 MB (one float32 image) to
+# 9.6 MB (four); the tokenizer's pool and the broadcast's pool both look like this.
+FEATURE_SLOTS = ringwire.SlotConfig(
+    classes=(
+        ringwire.SlotClass(64 << 10, 16),
+        ringwire.SlotClass(3 << 20, 16),
+        ringwire.SlotClass(10 << 20, 16),
+    ),
+    threshold=64 << 10,
+    wait_timeout=30.0,
+)
+MAX_BATCH = 16  # requests per step
+CONCURRENCY = 64  # calls a tokenizer / scheduler admits at once (as many again wait)
+CALL_TIMEOUT = 30.0  # seconds, tokenizer -> scheduler, when the front sent no deadline
+START_TIMEOUT = 30.0  # for a peer to come up
+STEP_TIMEOUT = 30.0  # for all ranks to answer one step
+POLL_S = 0.25  # how often a step waiting for the ranks checks that they are alive
+
+
+def paths(directory: str) -> dict[str, str]:
+    """The Unix socket paths the workers meet at, inside the front's private directory."""
+    return {
+        "calls": os.path.join(directory, "scheduler.sock"),
+        "results": os.path.join(directory, "results.sock"),
+        "steps": os.path.join(directory, "steps.sock"),
+    }
+
+
+async def _retry(make: Callable[[], Awaitable[T]], what: str) -> T:
+    """``make()`` until the peer's socket exists (workers start in parallel)."""
+    try:
+        with anyio.fail_after(START_TIMEOUT):
+            while True:
+                try:
+                    return await make()
+                except (FileNotFoundError, ConnectionRefusedError):
+                    await anyio.sleep(0.02)
+    except TimeoutError:
+        raise TimeoutError(f"{what}: nobody there within {START_TIMEOUT:g} s") from None
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # N+2 processes share the cores: no intra-op pools
+
+
+# -- tokenizer ---------------------------------------------------------------------------
+
+
+async def tokenizer(ctx: runtime.WorkerContext) -> None:
+    _one_thread()
+    where = paths(ctx.options["dir"])
+    chan = await _retry(
+        lambda: ringwire.connect(where["calls"], slots=FEATURE_SLOTS), "the scheduler"
+    )
+    async with ringwire.Client(chan, reply_type=Reply) as sched:
+
+        async def handle(req: GenerateRequest) -> Reply:
+            feature = None
+            if req.images:  # written once, in place, in a slot of this connection
+                feature = await sched.channel.loan(
+                    stages.feature_shape(req), stages.torch_dtype(req.dtype)
+                )
+            tokenized = stages.process(req, feature)
+            del feature
+            left = anyio.current_effective_deadline() - anyio.current_time()
+            return await sched.call(tokenized, timeout=min(left, CALL_TIMEOUT))  # type: ignore[no-any-return]
+
+        ctx.ready()
+        # returns when the front closes its client
+        await ringwire.serve(
+            ctx.channel, handle, request_type=GenerateRequest, concurrency=CONCURRENCY
+        )
+        await ctx.stopping.wait()
+
+
+# -- scheduler ---------------------------------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("done", "error", "reply", "req")
+
+    def __init__(self, req: TokenizedRequest) -> None:
+        self.req: TokenizedRequest | None = req
+        self.done = anyio.Event()
+        self.reply: Reply | None = None
+        self.error: BaseException | None = None
+
+
+class _Scheduler:
+    """Calls in, steps out: a queue and one step loop."""
+
+    def __init__(self, bc: ringwire.Broadcaster, results: ringwire.Listener, ranks: int) -> None:
+        self.bc = bc
+        self.results = results
+        self.ranks = ranks
+        self.queue: collections.deque[_Pending] = collections.deque()
+        self.wake = anyio.Event()
+        self.failed: BaseException | None = None
+        self.steps = 0
+
+    async def handle(self, req: TokenizedRequest) -> Reply:
+        if self.failed is not None:
+            raise RuntimeError(f"the scheduler has failed: {self.failed}")
+        p = _Pending(req)
+        del req
+        self.queue.append(p)
+        self.wake.set()
+        try:
+            await p.done.wait()
+        except BaseException:
+            p.req = None  # cancelled: a step not yet taken skips it
+            raise
+        if p.error is not None:
+            raise RuntimeError(f"step failed: {p.error}")
+        assert p.reply is not None
+        return p.reply
+
+    async def run(self) -> None:
+        batch: list[_Pending] = []
+        try:
+            while True:
+                while not self.queue:
+                    self.wake = anyio.Event()
+                    await self.wake.wait()
+                batch = []
+                while self.queue and len(batch) < MAX_BATCH:
+                    p = self.queue.popleft()
+                    if p.req is not None:
+                        batch.append(p)
+                if not batch:
+                    continue
+                self.steps += 1
+                step = Step(step=self.steps, reqs=[p.req for p in batch if p.req is not None])
+                await self.bc.send(step)  # each feature: one copy into the shared pool
+                outputs = await self._gather(step.step)
+                replies = stages.combine(step, outputs)
+                del step
+                for p, reply in zip(batch, replies):
+                    p.req, p.reply = None, reply  # the tokenizer's slot goes with the call
+                    p.done.set()
+                batch = []
+        except BaseException as exc:
+            self.failed = exc
+            for p in [*batch, *self.queue]:
+                p.req, p.error = None, exc
+                p.done.set()
+            self.queue.clear()
+            raise
+
+    async def _gather(self, step: int) -> list[RankOutput]:
+        got: dict[int, RankOutput] = {}
+        deadline = anyio.current_time() + STEP_TIMEOUT
+        while len(got) < self.ranks:
+            with anyio.move_on_after(POLL_S):
+                _, out = await self.results.receive()
+                if not isinstance(out, RankOutput) or out.step != step or out.rank in got:
+                    raise ringwire.ProtocolError(f"step {step}: unexpected rank output {out!r}")
+                got[out.rank] = out
+                continue
+            live = self.bc.poll_readers()  # raises BrokenResourceError once a rank died
+            if live < self.ranks:
+                raise anyio.BrokenResourceError(f"step {step}: {self.ranks - live} rank(s) gone")
+            if anyio.current_time() > deadline:
+                missing = sorted(set(range(self.ranks)) - set(got))
+                raise TimeoutError(f"step {step}: ranks {missing} did not answer")
+        return [got[r] for r in range(self.ranks)]
+
+
+async def scheduler(ctx: runtime.WorkerContext) -> None:
+    ranks = int(ctx.options["ranks"])
+    where = paths(ctx.options["dir"])
+    async with ringwire.broadcast(
+        where["steps"], readers=ranks, slots=FEATURE_SLOTS, on_reader_loss="fail",
+        stall_timeout=STEP_TIMEOUT,
+    ) as bc, ringwire.listen(where["results"], type=RankOutput, slots=None) as results, \
+            ringwire.listen(where["calls"], slots=None) as calls:  # fmt: skip
+        with anyio.fail_after(START_TIMEOUT):
+            await bc.wait_ready(ranks)
+            chan = await calls.accept()  # the tokenizer
+        sched = _Scheduler(bc, results, ranks)
+        ctx.ready()
+        async with chan, anyio.create_task_group() as tg:
+            tg.start_soon(sched.run)
+            await ringwire.serve(
+                chan, sched.handle, request_type=TokenizedRequest, concurrency=CONCURRENCY
+            )  # returns when the tokenizer closes its client (at the stop)
+            await ctx.stopping.wait()
+            tg.cancel_scope.cancel()
+
+
+# -- ranks -------------------------------------------------------------------------------
+
+
+async def rank(ctx: runtime.WorkerContext) -> None:
+    _one_thread()
+    me, ranks = int(ctx.options["rank"]), int(ctx.options["ranks"])
+    where = paths(ctx.options["dir"])
+    out = await _retry(
+        lambda: ringwire.connect(where["results"], slots=None, capacity=64 << 10), "the scheduler"
+    )
+    async with out:
+        sub = await _retry(
+            lambda: ringwire.subscribe(where["steps"], rank=me, type=Step), "the broadcast"
+        )
+        async with sub:
+            ctx.ready()
+            async for step in sub:  # ends when the scheduler closes the broadcast
+                result = stages.rank_compute(step, me, ranks)
+                del step  # our views of the shared slots die here
+                await out.send(result)
+
+
+def topology(directory: str, ranks: int, **options: Any) -> runtime.Topology:
+    """The pipeline's workers: tokenizer, scheduler and ``ranks`` ranks (their sockets
+    in ``directory``)."""
+    if not 1 <= ranks <= 8:
+        raise ValueError(f"ranks must be from 1 to 8, not {ranks!r}")
+    common = {"dir": directory, "ranks": ranks}
+    workers = [
+        runtime.Worker(
+            "tokenizer", "pipeline.workers:tokenizer", options=common, slots=None,
+            ready="explicit",
+        ),
+        runtime.Worker(
+            "scheduler", "pipeline.workers:scheduler", options=common, slots=None,
+            capacity=64 << 10, ready="explicit",
+        ),
+    ] + [
+        runtime.Worker(
+            f"rank-{r}", "pipeline.workers:rank", options={**common, "rank": r}, slots=None,
+            capacity=64 << 10, ready="explicit",
+        )
+        for r in range(ranks)
+    ]  # fmt: skip
+    return runtime.Topology(workers, slots=None, **options)
