@@ -1,9 +1,10 @@
 """Run every ringwire benchmark, merge the results, write a report and plots.
 
-    python -m perf --quick            # < 3 minutes on a 2-core VM
+    python -m perf --quick            # < 5 minutes on a 2-core VM
     python -m perf --full             # the scripts' default modes (the default)
     python -m perf --out DIR          # where to write (default perf/results/)
-    python -m perf --only slots       # a subset (repeatable): codec, transport, slots, longrun
+    python -m perf --only slots       # a subset (repeatable): codec, transport, slots, longrun,
+                                      #   calls, broadcast, pipeline
     python -m perf --report-only      # rebuild report.md and the plots from DIR's JSON
 
 Each benchmark runs as a subprocess ``python -m perf.<name> --json DIR/<name>.json``
@@ -12,7 +13,7 @@ A benchmark that times out is interrupted (SIGINT, so its cleanup runs), then ki
 with its whole process group.  In quick mode the whole suite also has a budget
 (:data:`QUICK_BUDGET_S`): every timeout is cut to what is left of it, and a benchmark
 that would get less than :data:`MIN_SLICE_S` is not started (reported as skipped), so a
-quick run stays under 3 minutes even when something hangs.  Then DIR/results.json
+quick run stays under 5 minutes even when something hangs.  Then DIR/results.json
 (machine info, versions and every benchmark's JSON), DIR/report.md and DIR/*.png are
 written.
 """
@@ -33,15 +34,31 @@ from typing import Any
 from perf import _report
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("codec", "transport", "slots", "longrun")
+BENCHMARKS = ("codec", "transport", "slots", "longrun", "calls", "broadcast", "pipeline")
 # (expected seconds on a 2-core VM, timeout seconds)
 EXPECTED = {
-    "quick": {"codec": (11, 40), "transport": (55, 110), "slots": (36, 75), "longrun": (4, 30)},
-    "full": {"codec": (30, 180), "transport": (150, 480), "slots": (80, 360), "longrun": (35, 180)},
+    "quick": {
+        "codec": (11, 40),
+        "transport": (55, 110),
+        "slots": (36, 75),
+        "longrun": (4, 30),
+        "calls": (25, 60),
+        "broadcast": (40, 80),
+        "pipeline": (35, 75),
+    },
+    "full": {
+        "codec": (30, 180),
+        "transport": (150, 480),
+        "slots": (80, 360),
+        "longrun": (35, 180),
+        "calls": (90, 240),
+        "broadcast": (120, 300),
+        "pipeline": (300, 600),
+    },
 }
 # quick mode: the whole suite's wall-clock budget (the report is written after it) and
 # the least time worth starting a benchmark with
-QUICK_BUDGET_S = 170.0
+QUICK_BUDGET_S = 290.0
 MIN_SLICE_S = 8.0
 
 
@@ -259,7 +276,7 @@ def _load_existing(out: Path, names: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf", description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="short runs, < 3 minutes in all")
+    mode.add_argument("--quick", action="store_true", help="short runs, < 5 minutes in all")
     mode.add_argument("--full", action="store_true", help="the scripts' default modes (default)")
     ap.add_argument("--out", metavar="DIR", default=str(ROOT / "perf" / "results"))
     ap.add_argument("--only", choices=BENCHMARKS, action="append", help="repeatable")

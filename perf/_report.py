@@ -1,5 +1,5 @@
-"""Merge the JSON of ``perf.codec``, ``perf.transport``, ``perf.slots`` and
-``perf.longrun`` into one results file, a Markdown report and PNG plots.  Used by
+"""Merge the JSON of ``perf.codec``, ``perf.transport``, ``perf.slots``,
+``perf.longrun``, ``perf.calls``, ``perf.broadcast`` and ``perf.pipeline`` into one results file, a Markdown report and PNG plots.  Used by
 ``python -m perf``.
 
 Only reads the scripts' JSON (the shapes written by their ``--json``); every section
@@ -337,6 +337,21 @@ def _targets_table(doc: dict[str, Any]) -> str:
     return format_targets(doc.get("targets", []))
 
 
+def _log_tables(log: str | None) -> dict[str, str]:
+    """The Markdown tables a benchmark printed (for those whose JSON has none)."""
+    try:
+        lines = Path(log).read_text(encoding="utf-8").splitlines() if log else []
+    except OSError:
+        return {}
+    blocks: list[list[str]] = []
+    for i, line in enumerate(lines):
+        if line.startswith("|"):
+            if not (i and lines[i - 1].startswith("|")):
+                blocks.append([])
+            blocks[-1].append(line)
+    return {f"table {k + 1}": "\n".join(b) for k, b in enumerate(blocks)}
+
+
 # --------------------------------------------------------------------------- report.md
 
 
@@ -432,6 +447,25 @@ def write_report(results: dict[str, Any], path: Path, plots: Sequence[Path] = ()
         w("")
         for line in c.get("targets", {}).get("summary", []):
             w(f"- {line}")
+    for name, title in (
+        ("calls", "Calls (request -> reply over one connection)"),
+        ("broadcast", "Broadcast (one writer, N readers)"),
+        ("pipeline", "Pipeline (HTTP -> tokenizer -> scheduler -> N ranks)"),
+    ):
+        doc = _result(results, name)
+        if not doc:
+            continue
+        w("")
+        w(f"## {title}")
+        if doc.get("targets"):
+            w("")
+            w(_targets_table(doc))
+        tables = doc.get("tables") or _log_tables(results["benchmarks"][name].get("log"))
+        for sub, table in tables.items():
+            w("")
+            w(f"### {title.split(' (')[0]}: {sub}")
+            w("")
+            w(table)
     missing = [n for n, b in results["benchmarks"].items() if b["status"] != "ok"]
     w("")
     w("## Not measured")
@@ -465,6 +499,7 @@ def write_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ("transport", _plot_fanin),
         ("codec", _plot_codec),
         ("longrun", _plot_longrun),
+        ("pipeline", _plot_pipeline),
     ):
         doc = _result(results, name)
         if not doc:
@@ -728,6 +763,12 @@ def _plot_codec(plt: Any, doc: dict[str, Any], out_dir: Path, sub: str) -> Path 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _plot_pipeline(plt: Any, doc: dict[str, Any], out_dir: Path, sub: str) -> Path | None:
+    from perf import pipeline
+
+    return pipeline.plot(plt, doc, out_dir / "pipeline_latency_cpu.png", sub)
 
 
 def _parse_size(label: str) -> int:

@@ -60,6 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 VARIANTS = ("ringwire", "zmq-msgpack", "zmq-pickle")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PIDS: set[int] = {os.getpid()}  # every process of ours seen (for the /dev/shm check)
 
 
 @dataclass
@@ -88,8 +89,9 @@ def body(i: int) -> dict[str, Any]:
 # -- processes -----------------------------------------------------------------------------
 
 
-def _tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of ``root`` and every descendant alive now."""
+def _tree_cpu(root: int, seen: set[int] | None = None) -> float:
+    """CPU seconds (user + system) of ``root`` and every descendant alive now (their
+    pids are added to ``seen``)."""
     parent: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for name in os.listdir("/proc"):
@@ -110,6 +112,8 @@ def _tree_cpu(root: int) -> float:
         while p > 1:
             if p == root:
                 total += t
+                if seen is not None:
+                    seen.add(pid)
                 break
             p = parent.get(p, 0)
     return total / CLK_TCK
@@ -160,7 +164,7 @@ class Front:
         self.base = line.split()[-1]
 
     def cpu(self) -> float:
-        return _tree_cpu(self.proc.pid)
+        return _tree_cpu(self.proc.pid, PIDS)
 
     def stop(self) -> None:
         """SIGINT (graceful: the workers drain and stop), then SIGKILL the group."""
@@ -397,7 +401,13 @@ def plot(plt: Any, doc: dict[str, Any], path: Path, sub: str = "") -> Path | Non
 
 
 def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm"))
+    """ringwire's names in /dev/shm (``rw.<pid>.<id>``)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith("rw.")}
+
+
+def _ours(names: set[str]) -> set[str]:
+    """Those made by a process of this run (other programs may run meanwhile)."""
+    return {n for n in names if n.split(".")[1].isdigit() and int(n.split(".")[1]) in PIDS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     for ranks in cfg.ranks:
         rows += asyncio.run(_bench_ranks(cfg, ranks, logs))
     time.sleep(0.5)
-    left = _shm() - shm0
+    left = _ours(_shm() - shm0)
     tab = tables(rows)
     tg = targets(rows)
     print()

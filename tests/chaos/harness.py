@@ -21,6 +21,15 @@ machine has 2 vCPUs shared with other work); only a bound missed on every attemp
 fails.  The seed is printed; ``RINGWIRE_CHAOS_SEED=<seed>`` replays a run and
 ``RINGWIRE_CHAOS_KILLS=<n>`` changes its length (``pytest --long`` runs 1000 kills).
 
+Calls: a call server (``ringwire.serve``) killed with calls pending -- every pending
+call, those still in the ring or waiting for room included, fails at once with
+``BrokenResourceError``, the client's slots all come back, and every later call fails
+too; and a client killed while our ``serve`` runs its handlers (async, or blocking in
+threads) -- ``serve`` raises ``BrokenResourceError`` at once and every handler is
+cancelled.  (A server holding ``concurrency + backlog`` calls has stopped reading and
+checks its client every ``_POLL_PEER_S`` = 250 ms: that round's bound is 100 ms beyond
+the poll.)
+
 The runtime's chaos (:func:`runtime_chaos`) kills ``ringwire.runtime`` workers, whose
 entry point ``chaos.workers:chaos_echo`` the spawned workers import by name (tests/ is
 on sys.path, and spawn passes sys.path on).
@@ -29,6 +38,7 @@ on sys.path, and spawn passes sys.path on).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import random
@@ -50,6 +60,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 import ringwire
 from chaos.workers import CHAOS_SLOTS, check_record, make_record, recheck
 from ringwire import BrokenResourceError, EndOfStream, SlotConfig, runtime
+from ringwire._conn import calls as calls_module
 from ringwire._wire.names import is_segment_name, name_pid
 
 WORKER = str(Path(__file__).resolve().parent / "workers.py")  # run as a script, by path
@@ -58,6 +69,7 @@ HANG_S = 5.0  # nothing may take longer than this once the victim is dead
 RETRIES = 2  # a round that misses DETECT_S is run again (same seed) this often
 KiB = 1 << 10
 FULL_POOL = {4 * KiB: 8, 64 * KiB: 4}  # CHAOS_SLOTS, every slot free
+FULL_POLL_S = calls_module._POLL_PEER_S  # how often a full call server checks its client
 
 
 def chaos_seed() -> int:
@@ -841,11 +853,193 @@ async def broadcast_round(h: Harness, v: Victim, r: Round, rng: random.Random, m
         r.records = sent
 
 
+# -- calls: the victim serves them, or makes them ----------------------------------------------
+
+
+async def call_server_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
+    """Kill a call server (``ringwire.serve``) with calls pending: handlers holding
+    them (``hold``: every pending call, those still in the ring or waiting for a
+    handler included, must fail at once with ``BrokenResourceError``), or while it
+    echoes a stream of calls (``echo``: each call returns its own record or fails)."""
+    r.victim = "call server"
+    h.n_server_paths += 1
+    path = str(h.tmp / f"calls{h.n_server_paths}.sock")
+    conc = rng.choice([1, 2, 4])
+    backlog = rng.choice([0, 1, 4])
+    hold = mode == "hold"
+    calls = conc + backlog + rng.randint(1, 6) if hold else rng.randint(1, 8)
+    cfg = h.victim_cfg(
+        rng, "call_server", r.survivor, path=path, concurrency=conc, backlog=backlog,
+        hold=hold, busy_at=conc,
+    )  # fmt: skip
+    spin_us = rng.choice([0, 50])
+    salt = cfg["salt"]
+    await v.begin(cfg)
+    await v.until("listening")
+    sync = r.survivor == "sync"
+    if sync:
+        chan: Any = await anyio.to_thread.run_sync(
+            lambda: ringwire.connect_sync(path, slots=CHAOS_SLOTS, spin_us=spin_us)
+        )
+        client: Any = ringwire.SyncClient(chan)
+    else:
+        chan = await ringwire.connect(path, slots=CHAOS_SLOTS, spin_us=spin_us)
+        client = ringwire.Client(chan)
+    failed: list[float] = []
+    answered = 0
+    seqs = iter(range(1 << 30))
+
+    async def call(rec: Any) -> Any:
+        if sync:
+            return await anyio.to_thread.run_sync(lambda: client.call(rec, timeout=HANG_S * 4))
+        return await client.call(rec, timeout=HANG_S * 4)
+
+    async def caller() -> None:
+        nonlocal answered
+        try:
+            while True:
+                n = next(seqs)
+                reply = await call(make_record(n, salt))
+                err = check_record(reply, n)
+                assert err is None, f"{r.scenario}: {err}"
+                del reply
+                answered += 1
+                if hold:
+                    raise AssertionError(f"{r.scenario}: a held call was answered")
+        except BrokenResourceError:
+            failed.append(time.perf_counter())
+
+    async with contextlib.AsyncExitStack() as stack:
+        if sync:
+            stack.callback(client.close)
+        else:
+            await stack.enter_async_context(client)
+        with anyio.fail_after(HANG_S * 4):
+            async with anyio.create_task_group() as tg:
+                for _ in range(calls):
+                    tg.start_soon(caller)
+                if hold:
+                    await v.until("busy")
+                    while client.pending < calls:  # every call sent (or in its send)
+                        await anyio.sleep(0.0005)
+                        if client.pending >= conc + backlog and rng.random() < 0.01:
+                            break  # sometimes kill while a send still waits for room
+                    await anyio.sleep(rng.uniform(0, 0.005))
+                    v.kill()
+                else:
+                    tg.start_soon(_killer, v, rng.uniform(0.002, 0.08), "accepted")
+        assert v.killed_at is not None
+        assert len(failed) == calls, f"{r.scenario}: {calls - len(failed)} calls did not fail"
+        assert client.pending == 0, f"{r.scenario}: {client.pending} calls still pending"
+        r.latencies["all calls failed"] = max(failed) - v.killed_at
+        stats = chan.statistics()
+        assert stats.slots_in_use == 0 and stats.loans_outstanding == 0, stats
+        assert stats.slots_free == FULL_POOL, stats.slots_free
+        r.records = answered
+        with pytest.raises(BrokenResourceError):  # and every later call at once
+            await call(make_record(0, salt))
+    await v.reap()
+    if os.path.exists(path):  # a dead listener's socket file stays: replace and remove it
+        async with ringwire.listen(path, slots=None):
+            pass
+    assert not os.path.exists(path)
+
+
+async def call_client_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
+    """Kill a ``ringwire.Client`` while our ``serve`` has its handlers running (async
+    handlers, or blocking ones in threads for the "sync" survivor): ``serve`` raises
+    ``BrokenResourceError`` at once and every running handler is cancelled."""
+    r.victim = "call client"
+    conc = rng.choice([1, 2, 4, 8])
+    calls = conc + rng.randint(0, 4)
+    sync = r.survivor == "sync"
+    survivor = "trio" if r.survivor == "trio" else "asyncio"  # the async listener either way
+    cfg = h.victim_cfg(rng, "call_client", survivor, calls=calls)
+    started = cancelled = 0
+    all_running = anyio.Event()
+    cancelled_exc = anyio.get_cancelled_exc_class()  # (a worker thread has no backend)
+
+    async def handler(rec: Any) -> Any:
+        nonlocal started, cancelled
+        assert check_record(rec, rec[0]) is None, check_record(rec, rec[0])
+        started += 1
+        if started == conc:
+            all_running.set()
+        try:
+            await anyio.sleep(HANG_S * 10)
+        except cancelled_exc:
+            cancelled += 1
+            raise
+        raise AssertionError("a handler outlived its dead client")
+
+    def blocking(rec: Any) -> Any:
+        nonlocal started, cancelled
+        assert check_record(rec, rec[0]) is None, check_record(rec, rec[0])
+        # an idle worker thread keeps its last job's arguments: let the slot go now
+        ringwire.release(rec)
+        started += 1
+        if started == conc:
+            anyio.from_thread.run_sync(all_running.set)
+        deadline = time.monotonic() + HANG_S * 10
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.002)
+                anyio.from_thread.check_cancelled()
+        except cancelled_exc:
+            cancelled += 1
+            raise
+        raise AssertionError("a blocking handler outlived its dead client")
+
+    await v.begin(cfg)
+    side = await h.accept_from(v.pid, survivor)
+    raised: list[float] = []
+
+    async def serving() -> None:
+        try:
+            await ringwire.serve(side.ch, blocking if sync else handler, concurrency=conc)
+        except BrokenResourceError:
+            raised.append(time.perf_counter())
+            return
+        raise AssertionError(f"{r.scenario}: serve returned although its client was killed")
+
+    try:
+        with anyio.fail_after(HANG_S * 4):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(serving)
+                await v.until("calling")
+                await all_running.wait()
+                await anyio.sleep(rng.uniform(0, 0.01))
+                v.kill()
+        assert raised, f"{r.scenario}: serve did not raise"
+        lat = raised[0] - (v.killed_at or 0.0)
+        if calls >= 2 * conc:  # concurrency + backlog admitted: the server stopped reading,
+            # and a full server looks at its client only every _POLL_PEER_S
+            r.latencies["serve raised, less the full server's poll"] = max(0.0, lat - FULL_POLL_S)
+        else:
+            r.latencies["serve raised"] = lat
+        assert started == conc, (started, conc)
+        assert cancelled == started, f"{r.scenario}: {started - cancelled} handlers not cancelled"
+        r.records = started
+        if sync:  # an idle worker thread keeps its last job (a call it was handed as the
+            # cancellation came) until its next: give every thread of the pool a new one
+            async with anyio.create_task_group() as flush:
+                for _ in range(calls + conc):
+                    flush.start_soon(anyio.to_thread.run_sync, time.sleep, 0.02)
+        gc.collect()  # the cancelled handlers' frames (reference cycles through their tracebacks)
+        held = side.statistics().slot_arrays_held
+        assert held == 0, f"{r.scenario}: {held} requests' slot arrays outlived their handlers"
+    finally:
+        await side.aclose()
+
+
 async def _now(fn: Callable[[], Any]) -> Any:
     return fn()
 
 
 SCENARIOS: dict[str, tuple[Callable[..., Awaitable[None]], str]] = {
+    "call-server/calls-pending": (call_server_round, "hold"),
+    "call-server/echoing": (call_server_round, "echo"),
+    "call-client/handlers-running": (call_client_round, "running"),
     "broadcast-reader/stream": (broadcast_round, "stream"),
     "broadcast-reader/slow": (broadcast_round, "slow"),
     "broadcast-reader/holding-slots": (broadcast_round, "hold"),

@@ -1,4 +1,5 @@
-"""Chaos: kill -9 producers, consumers, listeners and runtime workers at random moments;
+"""Chaos: kill -9 producers, consumers, listeners, broadcast readers, call servers and
+clients, and runtime workers at random moments;
 SIGSTOP/SIGCONT a peer; fill /dev/shm.
 
 The kill rounds (victims, survivors, scenarios, the checks after each kill) are the

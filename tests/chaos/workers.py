@@ -430,7 +430,61 @@ async def role_broadcast_reader(cfg: dict[str, Any]) -> None:
         say("done", json.dumps({"n": n}))
 
 
+async def role_call_server(cfg: dict[str, Any]) -> None:
+    """Listen at ``path`` and ``ringwire.serve`` the one connection: the handler checks
+    each request, says ``busy`` once ``busy_at`` handlers run at once, and either holds
+    the call (``hold``: until cancelled) or echoes it."""
+    running = 0
+
+    async def handler(rec: Any) -> Any:
+        nonlocal running
+        err = check_record(rec, rec[0] if isinstance(rec, list) and rec else -1)
+        if err:
+            fail("call server: " + err)
+        running += 1
+        try:
+            if running == cfg.get("busy_at", 1 << 30):
+                point("busy", n=running)
+            if cfg.get("hold"):
+                await anyio.sleep(3600)
+            return rec
+        finally:
+            running -= 1
+
+    async with ringwire.listen(
+        cfg["path"], slots=slots_from(cfg), spin_us=cfg.get("spin_us", 50)
+    ) as lst:
+        point("listening")
+        conn = await lst.accept()
+        point("accepted")
+        async with conn:
+            await ringwire.serve(
+                conn, handler, concurrency=cfg["concurrency"], backlog=cfg.get("backlog")
+            )
+    say("done", "{}")
+
+
+async def role_call_client(cfg: dict[str, Any]) -> None:
+    """``calls`` concurrent ``ringwire.Client`` calls over one connection, each a
+    checksummed record; says ``calling`` once all are sent (the server holds them)."""
+    salt = cfg["salt"]
+    ch = await _connect(cfg)
+
+    async def one(i: int) -> None:
+        await client.call(make_record(i, salt))
+
+    async with ringwire.Client(ch) as client, anyio.create_task_group() as tg:
+        for i in range(cfg["calls"]):
+            tg.start_soon(one, i)
+        while client.pending < cfg["calls"]:
+            await anyio.sleep(0.001)
+        point("calling", n=client.pending)
+        await anyio.sleep(3600)
+
+
 ASYNC_ROLES = {
+    "call_server": role_call_server,
+    "call_client": role_call_client,
     "broadcast_reader": role_broadcast_reader,
     "idle": role_idle,
     "consumer": role_consumer,
