@@ -42,7 +42,7 @@ EXPECTED = {
         "transport": (55, 110),
         "slots": (36, 75),
         "longrun": (4, 30),
-        "calls": (25, 60),
+        "calls": (10, 60),
         "broadcast": (40, 80),
         "pipeline": (35, 75),
     },

@@ -349,6 +349,7 @@ def _log_tables(log: str | None) -> dict[str, str]:
             if not (i and lines[i - 1].startswith("|")):
                 blocks.append([])
             blocks[-1].append(line)
+    blocks = [b for b in blocks if not b[0].startswith("| target ")]  # shown from the JSON
     return {f"table {k + 1}": "\n".join(b) for k, b in enumerate(blocks)}
 
 
