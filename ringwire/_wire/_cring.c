@@ -466,9 +466,8 @@ static PyObject *w_write_many(Lane *s, PyObject *const *args, Py_ssize_t nargs) 
         const char *p;
         Py_ssize_t n;
         if (get_payload(items[i], &pb, &p, &n) < 0) {
-            if (count) PyErr_Clear(); /* publish what is written; the next call raises */
-            else failed = 1;
-            break;
+            Py_DECREF(seq); /* not a payload: nothing of this batch is published (as the */
+            return NULL;    /* pure writer, whose len() raises before it publishes) */
         }
         if ((uint64_t)n > s->max_payload) {
             release_payload(&pb);

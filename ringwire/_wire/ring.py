@@ -95,6 +95,12 @@ and the reader rings after publishing a new head.
 
 Everything here is pure arithmetic over a buffer; the sockets, segments and the
 actual waiting are in :mod:`ringwire._shm.transport` and :mod:`ringwire._conn`.
+
+This module is also the pure-Python implementation.  ``_cring.c`` implements the same
+lanes in C with C11 atomics (release store / acquire load of the counters, seq_cst
+fences for the eventcount: its header pairs them up), and :mod:`ringwire._wire.lanes`
+picks one (``RINGWIRE_PURE=1`` forces this one).  The layout above is the contract:
+a C end and a Python end share one ring.
 """
 
 from __future__ import annotations

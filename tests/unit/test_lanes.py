@@ -252,3 +252,16 @@ def test_native_lanes_validate_their_buffer() -> None:
     r = lanes.NativeRingReader(fresh())
     with pytest.raises(TypeError, match="once"):
         r.__init__(fresh())
+
+
+@native
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_batch_with_a_non_payload_publishes_nothing(impl) -> None:
+    buf = fresh()
+    w, r = writer_cls(impl)(buf), reader_cls(impl)(buf)
+    with pytest.raises(TypeError):
+        w.write_many([b"a", b"b", 3])
+    assert r.next_frame() is None and w.used() == 0
+    assert w.write_many([b"c"]) == (1, 1)
+    v = r.next_frame()
+    assert v is not None and bytes(v) == b"c"
