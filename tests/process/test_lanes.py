@@ -18,12 +18,10 @@ import ringwire
 from ringwire._conn.pair import PairEnd, pair
 from ringwire._wire import lanes
 
-pytestmark = [
-    pytest.mark.multiprocess,
-    pytest.mark.skipif(
-        lanes.NativeRingWriter is None, reason=f"the C ring is not built: {lanes.REASON}"
-    ),
-]
+pytestmark = pytest.mark.multiprocess
+needs_native = pytest.mark.skipif(
+    lanes.NativeRingWriter is None, reason=f"the C ring is not built: {lanes.REASON}"
+)
 
 
 def child_echo(end: PairEnd, spin_us: int) -> None:
@@ -49,6 +47,7 @@ def child_on_the_other_path(monkeypatch: pytest.MonkeyPatch) -> bool:
     return not lanes.NATIVE
 
 
+@needs_native
 @pytest.mark.parametrize("spin_us", [0, 200])
 def test_a_native_end_and_a_pure_end_share_a_segment(child_on_the_other_path, spin_us) -> None:
     a, b = pair()
@@ -79,6 +78,7 @@ def test_a_native_end_and_a_pure_end_share_a_segment(child_on_the_other_path, sp
     assert p.exitcode == 0
 
 
+@needs_native
 def test_ringwire_pure_forces_the_pure_path() -> None:
     code = "import ringwire; print(ringwire.native, '|', ringwire.native_reason)"
     for value, native in (("1", False), ("yes", False), ("0", True), ("", True)):
@@ -161,6 +161,7 @@ print("runs", runs)
 """
 
 
+@needs_native
 @pytest.mark.slow
 @pytest.mark.timeout(0)
 def test_the_c_parser_under_address_sanitizer(tmp_path) -> None:
@@ -185,7 +186,15 @@ def test_the_c_parser_under_address_sanitizer(tmp_path) -> None:
     so = tmp_path / ("_cring" + sysconfig.get_config_var("EXT_SUFFIX"))
     include = sysconfig.get_paths()["include"]
     cmd = [cc, "-std=c11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
-    cmd += ["-fno-sanitize-recover=undefined", "-shared", "-fPIC", f"-I{include}", src, "-o", str(so)]
+    cmd += [
+        "-fno-sanitize-recover=undefined",
+        "-shared",
+        "-fPIC",
+        f"-I{include}",
+        src,
+        "-o",
+        str(so),
+    ]
     subprocess.run(cmd, check=True)
     driver = tmp_path / "asan_driver.py"
     driver.write_text(_ASAN_DRIVER)
@@ -207,3 +216,26 @@ def test_the_c_parser_under_address_sanitizer(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "runs" in proc.stdout
+
+
+def test_no_compiler_prints_one_line_and_builds_nothing(tmp_path) -> None:
+    """setup.py's build_ext with a compiler that does not exist: exit 0, one line saying
+    the pure path is used, no extension built (what ``pip install`` does there)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(lanes.__file__)))
+    (tmp_path / "ringwire" / "_wire").mkdir(parents=True)
+    for rel in ("setup.py", os.path.join("ringwire", "_wire", "_cring.c")):
+        with open(os.path.join(root, rel), "rb") as src:
+            (tmp_path / rel).write_bytes(src.read())
+    env = dict(os.environ, CC="/nonexistent/cc")
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ours = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "ringwire:" in ln]
+    assert len(ours) == 1, proc.stdout + proc.stderr
+    assert ours[0].endswith("the pure-Python path is used")
+    assert not list((tmp_path / "ringwire").rglob("*.so"))
