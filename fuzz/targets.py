@@ -31,6 +31,11 @@ Targets
 ``ring``            ring frame parsing: ``RingReader.next_frame`` and ``read_many``
                     against a reference parser, the writer against a lying head, and
                     attach-time header checks.
+``ring_native``     the same ring checks on the C lanes (``ringwire._wire._cring``: a
+                    parser of peer-controlled bytes in C), mixed C/Python writer and
+                    reader pairs, and a differential: the C and the Python reader must
+                    read the same frames and raise the same errors, word for word
+                    (``"not built"`` where the extension is absent).
 ``handshake``       ``decode_message``, the client and server handshake state machines,
                     ``validate_hello``.
 ``release_lane``    the producer's release-lane parsing (``SendPool.poll``) against a
@@ -63,6 +68,7 @@ from ringwire._errors import (
 from ringwire._shm.recvpool import RecvPool
 from ringwire._shm.sendpool import SendPool
 from ringwire._shm.slotconfig import RELEASE_CAPACITY, SlotConfig
+from ringwire._wire import lanes
 from ringwire._wire.codec import Decoder, Encoder
 from ringwire._wire.control import (
     MAX_MESSAGE,
@@ -338,7 +344,7 @@ def _publish(buf: bytearray, tail: int) -> None:
     struct.pack_into("=Q", buf, 64, tail)
 
 
-def _ring_read(data: bytes) -> str:
+def _ring_read(data: bytes, R: Any = RingReader) -> str:
     if len(data) < 12:
         return "short"
     head = int.from_bytes(data[:8], "little") % (1 << 63) & ~7  # the reader's heads are 8-aligned
@@ -349,7 +355,7 @@ def _ring_read(data: bytes) -> str:
 
     # next_frame, one at a time
     buf = _ring_with(head, tail, area)
-    reader = RingReader(buf)
+    reader = R(buf)
     _publish(buf, tail)
     got: list[bytes] = []
     bad = False
@@ -371,7 +377,7 @@ def _ring_read(data: bytes) -> str:
 
     # read_many in batches, with a decoder that refuses payloads starting with 0xEE
     buf = _ring_with(head, tail, area)
-    reader = RingReader(buf)
+    reader = R(buf)
     _publish(buf, tail)
     seen: list[bytes] = []
     refused: list[bytes] = []
@@ -406,13 +412,13 @@ def _ring_read(data: bytes) -> str:
     return "corrupt" if corrupt else "ok"
 
 
-def _ring_write(data: bytes) -> str:
+def _ring_write(data: bytes, W: Any = RingWriter, R: Any = RingReader) -> str:
     """A writer and an honest reader, then a reader that lies about its head."""
     if len(data) < 4:
         return "short"
     start = int.from_bytes(data[:4], "little") * 8
     buf = _ring_with(start, start, b"")
-    writer, reader = RingWriter(buf), RingReader(buf)
+    writer, reader = W(buf), R(buf)
     sent: list[bytes] = []
     got: list[bytes] = []
     i = 4
@@ -452,7 +458,7 @@ def _ring_write(data: bytes) -> str:
     return outcome
 
 
-def _ring_attach(data: bytes) -> str:
+def _ring_attach(data: bytes, W: Any = RingWriter, R: Any = RingReader) -> str:
     buf = bytearray(ring_size(CAP))
     buf[: len(data)] = data[: len(buf)]
     outcome = "ok"
@@ -461,8 +467,8 @@ def _ring_attach(data: bytes) -> str:
     except RingCorrupted:
         outcome = "refused"
     try:
-        RingReader(buf).release()
-        RingWriter(buf).release()
+        R(buf).release()
+        W(buf).release()
     except RingCorrupted:
         outcome = "refused"
     return outcome
@@ -478,6 +484,87 @@ def ring(data: bytes) -> str:
     if mode == 1:
         return _ring_write(body)
     return _ring_attach(body)
+
+
+def _outcomes(reader: Any, how: str, fn: Callable[[memoryview], Any]) -> list[Any]:
+    """Everything a reader makes of its ring, errors as ("!", type, message)."""
+    got: list[Any] = []
+    for _ in range(2 * CAP):
+        try:
+            if how == "next_frame":
+                v = reader.next_frame()
+                item = None if v is None else bytes(v)
+                if v is not None:
+                    v.release()
+            elif how == "next_pairs":
+                item = reader.next_pairs()
+            else:
+                out: list[bytes] = []
+                n = reader.read_many(fn, 3, out)
+                item = (n, out) if out else None
+        except (RingCorrupted, DecodeError) as exc:
+            got.append(("!", type(exc).__name__, str(exc)))
+            if isinstance(exc, RingCorrupted):
+                return got
+            continue
+        if item is None:
+            return got
+        got.append(item)
+        reader.commit()
+    raise Finding(f"{how} did not stop")
+
+
+def _ring_differential(data: bytes) -> str:
+    """The C reader and the Python reader over copies of one ring: same frames, same
+    errors (type and message), for next_frame, read_many and next_pairs."""
+    if len(data) < 12:
+        return "short"
+    head = int.from_bytes(data[:8], "little") % (1 << 63) & ~7
+    delta = int.from_bytes(data[8:12], "little") - 64
+    tail = max(0, min(head + delta, 2**64 - 1))
+    area = data[12 : 12 + CAP].ljust(CAP, b"\x00")
+
+    def fn(v: memoryview) -> bytes:
+        b = bytes(v)
+        if b[:1] == b"\xee":
+            raise DecodeError("refused")
+        return b
+
+    results = []
+    for how in ("next_frame", "read_many", "next_pairs"):
+        pair = []
+        for R in (lanes.PureRingReader, lanes.NativeRingReader):
+            buf = _ring_with(head, tail, area)
+            reader = R(buf)
+            _publish(buf, tail)
+            pair.append(_outcomes(reader, how, fn))
+            reader.release()
+        if pair[0] != pair[1]:
+            raise Finding(f"{how}: the Python reader got {pair[0]!r}, the C one {pair[1]!r}")
+        results.append(pair[0])
+    corrupt = any(
+        r and isinstance(r[-1], tuple) and r[-1][:2] == ("!", "RingCorrupted") for r in results
+    )
+    return "corrupt" if corrupt else "ok"
+
+
+def ring_native(data: bytes) -> str:
+    if lanes.NativeRingReader is None:
+        return "not built"
+    if not data:
+        return "empty"
+    mode = data[0] % 5
+    body = data[1:]
+    NW, NR = lanes.NativeRingWriter, lanes.NativeRingReader
+    if mode == 0:
+        return _ring_read(body, NR)
+    if mode == 1:  # the C writer, and either reader
+        return _ring_write(body, NW, NR if data[0] & 0x80 else lanes.PureRingReader)
+    if mode == 2:  # the Python writer, the C reader
+        return _ring_write(body, lanes.PureRingWriter, NR)
+    if mode == 3:
+        return _ring_attach(body, NW, NR)
+    return _ring_differential(body)
 
 
 # -------------------------------------------------------------------------- handshake
@@ -827,6 +914,19 @@ def _ring_seeds() -> list[bytes]:
     return out
 
 
+def _ring_native_seeds() -> list[bytes]:
+    out = []
+    for s in _ring_seeds():
+        mode = s[0]  # ring's modes: 0 read, 1 write, 2 attach
+        out.append(bytes([{0: 0, 1: 1, 2: 3}[mode]]) + s[1:])
+        if mode == 0:
+            out.append(b"\x04" + s[1:])  # the differential over the same ring
+        if mode == 1:
+            out.append(b"\x02" + s[1:])
+            out.append(b"\x81" + s[1:])
+    return out
+
+
 def _handshake_seeds() -> list[bytes]:
     hello = encode_message(_HELLO)
     welcome = encode_message(
@@ -888,6 +988,7 @@ TARGETS: dict[str, Target] = {
         Target("decode_slots", decode_slots, _slot_seeds, "Decoder(resolver=RecvPool.resolve)"),
         Target("descriptor", descriptor, _descriptor_seeds, "SlotRef / CudaRef payloads"),
         Target("ring", ring, _ring_seeds, "RingReader / RingWriter frame parsing"),
+        Target("ring_native", ring_native, _ring_native_seeds, "the C ring lanes, and C vs Python"),
         Target("handshake", handshake, _handshake_seeds, "control-socket handshake"),
         Target("release_lane", release_lane, _release_seeds, "SendPool.poll release frames"),
     )

@@ -575,6 +575,7 @@ def driver_main() -> None:
             "pid": os.getpid(),
             "ringwire_file": _ringwire_file(),
             "ringwire_version": getattr(ringwire, "__version__", None),
+            "native": getattr(ringwire, "native", False),  # the C ring (issue 15) is active
             "numpy": np.__version__,
             "msgspec": msgspec.__version__,
             "python": sys.version.split()[0],

@@ -6,6 +6,7 @@ Run from the repository root::
     python -m perf.compare --baseline HEAD~3 --quick  # fewer, shorter rounds: < 1 minute
     python -m perf.compare --baseline v0.1 --rounds 15 --json cmp.json
     python -m perf.compare --baseline HEAD --new HEAD # A/A: the same revision both ways
+    python -m perf.compare --pure-vs-native           # one tree: RINGWIRE_PURE=1 vs the C ring
 
 How
 ---
@@ -24,6 +25,12 @@ and so on), so drift of a noisy machine hits both alike.  Each run of a measurem
 starts fresh helper processes (spawn), warms up, and times one batch; the table shows
 medians over rounds and the ratio new ÷ old of the medians; the per-round ratios (each
 round's new over the same round's old) give the spread.
+
+A tree with the C ring (``ringwire/_wire/_cring.c``) is measured native: an extracted
+revision gets ``python setup.py build_ext --inplace`` first (a failed build leaves it
+on the pure path; each side's line says which path it ran).  ``--pure-vs-native``
+measures one tree both ways: "old" is the tree with ``RINGWIRE_PURE=1``, "new" the same
+tree on the C ring.
 
 Cleanup: the drivers run in their own sessions (a Ctrl-C reaches this process only,
 which then stops them: exit, SIGTERM, SIGKILL of their process groups); every process
@@ -221,11 +228,22 @@ def extract(commit: str, dest: Path) -> Path:
         rc = proc.wait()
     if rc != 0:
         raise SystemExit(f"git archive {commit} failed ({rc})")
-    return package_parent(dest)
+    parent = package_parent(dest)
+    if (parent / "ringwire" / "_wire" / "_cring.c").is_file() and (parent / "setup.py").is_file():
+        built = subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+            cwd=parent,
+            capture_output=True,
+            text=True,
+        )
+        if built.returncode != 0:
+            log(f"{commit[:12]}: the C ring did not build; that side runs the pure path")
+    return parent
 
 
 def snapshot_worktree(dest: Path) -> Path:
-    """A copy of the working tree's ``ringwire/`` package (uncommitted edits included)."""
+    """A copy of the working tree's ``ringwire/`` package (uncommitted edits included,
+    and the C ring as built there, if it is)."""
     src = package_parent(ROOT) / "ringwire"
     shutil.copytree(src, dest / "ringwire", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dest
@@ -256,7 +274,16 @@ BOOT = "import sys; sys.path.insert(0, {run!r}); import rwcmp_child; rwcmp_child
 class Driver:
     """One long-lived driver process for one tree (restarted if it dies)."""
 
-    def __init__(self, side: str, pypath: Path, run_dir: Path, work: Path, pids: set[int]):
+    def __init__(
+        self,
+        side: str,
+        pypath: Path,
+        run_dir: Path,
+        work: Path,
+        pids: set[int],
+        env: dict[str, str] | None = None,
+    ):
+        self.env = env or {}
         self.side = side
         self.pypath = pypath
         self.run_dir = run_dir
@@ -275,6 +302,8 @@ class Driver:
             [str(self.pypath), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         env.pop("PYTHONSTARTUP", None)
+        env.pop("RINGWIRE_PURE", None)
+        env.update(self.env)
         with open(self.log_path, "a", encoding="utf-8") as logf:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", BOOT.format(run=str(self.run_dir))],
@@ -454,6 +483,10 @@ def _short(s: str, n: int = 72) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+def _path_word(hello: dict[str, Any]) -> str:
+    return "the C ring" if hello.get("native") else "pure-Python ring"
+
+
 def render(summary: dict[str, Any], info: dict[str, Any]) -> str:
     old, new = info["old"], info["new"]
     new_desc = f"{new['ref']} at {_short(new['describe'])}"
@@ -463,8 +496,9 @@ def render(summary: dict[str, Any], info: dict[str, Any]) -> str:
     lines = [
         "## Before/after: ringwire old vs new",
         "",
-        f"- old: `{old['ref']}` = {_short(old['describe'])} (ringwire from {old['ringwire_file']})",
-        f"- new: {new_desc} (ringwire from {new['ringwire_file']})",
+        f"- old: `{old['ref']}` = {_short(old['describe'])} (ringwire from {old['ringwire_file']}"
+        f"; {_path_word(info['old_driver'])})",
+        f"- new: {new_desc} (ringwire from {new['ringwire_file']}; {_path_word(info['new_driver'])})",
         f"- CPU: {mach['cpu']}; cpus: {mach['cpu_count']} ({mach['cpus_usable']} usable); "
         f"{mach['platform']}; python {mach['python']}",
         f"- rounds: {info['rounds_done']} of {info['rounds']}{' (--quick)' if info['quick'] else ''}"
@@ -531,7 +565,13 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", required=True, metavar="REF", help="the old revision")
+    ap.add_argument("--baseline", metavar="REF", help="the old revision")
+    ap.add_argument(
+        "--pure-vs-native",
+        action="store_true",
+        help="one tree (the working tree, or --new) both ways: old = RINGWIRE_PURE=1, "
+        "new = the C ring",
+    )
     ap.add_argument(
         "--new",
         metavar="REF",
@@ -554,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these measurements (repeatable)",
     )
     args = ap.parse_args(argv)
+    if bool(args.baseline) == args.pure_vs_native:
+        ap.error("give exactly one of --baseline REF and --pure-vs-native")
     rounds = args.rounds or (4 if args.quick else 9)
     if rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -564,8 +606,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _on_sigterm)
     t_start = time.monotonic()
-    old_rev = resolve(args.baseline)
     new_rev = resolve(args.new) if args.new else worktree_rev()
+    old_rev = (
+        dict(new_rev, ref=new_rev["ref"] + ", RINGWIRE_PURE=1")
+        if args.pure_vs_native
+        else resolve(args.baseline)
+    )
     try:
         shm_before = set(os.listdir(SHM))
     except OSError:
@@ -583,20 +629,24 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = tmp / "run"
         run_dir.mkdir()
         shutil.copyfile(CHILD, run_dir / "rwcmp_child.py")
-        old_path = extract(old_rev["commit"], tmp / "old")
         if args.new:
             new_path = extract(new_rev["commit"], tmp / "new")
         else:
             new_path = snapshot_worktree(tmp / "new")
+        old_path = new_path if args.pure_vs_native else extract(old_rev["commit"], tmp / "old")
         for side, path in (("old", old_path), ("new", new_path)):
             work = tmp / f"{side}-work"
             work.mkdir()
-            drivers[side] = Driver(side, path, run_dir, work, pids)
+            env = {"RINGWIRE_PURE": "1"} if args.pure_vs_native and side == "old" else None
+            drivers[side] = Driver(side, path, run_dir, work, pids, env)
             drivers[side].start()
             log(
                 f"{side}: ringwire {drivers[side].hello.get('ringwire_version')} from "
-                f"{drivers[side].hello['ringwire_file']}"
+                f"{drivers[side].hello['ringwire_file']} "
+                f"({'the C ring' if drivers[side].hello.get('native') else 'pure Python'})"
             )
+        if args.pure_vs_native and not drivers["new"].hello.get("native"):
+            raise DriverFailed("--pure-vs-native: the C ring is not built in this tree")
         old_rev["ringwire_file"] = drivers["old"].hello["ringwire_file"]
         new_rev["ringwire_file"] = drivers["new"].hello["ringwire_file"]
         for r in range(rounds):

@@ -20,7 +20,8 @@ How the package is built (imports point one way: down)::
                            handshake, slot pools (send / receive / views), CUDA pools
     ringwire/_wire/        the wire format, pure (no I/O; testable on a bytearray): codec,
                            Ext table, records, dtypes, descriptors, ring and slot layout,
-                           control messages and the handshake state machine, release queue
+                           control messages and the handshake state machine, release queue;
+                           lanes.py picks the ring's C fast path (_cring.c) or the pure one
     ringwire/_errors.py    every exception class
 
 Why this cut: what a byte on the wire means (``_wire``) changes only with the protocol
@@ -75,6 +76,8 @@ from ._shm.views import borrow, copy_out, release
 from ._wire.codec import Decoder, Encoder, decode, encode
 from ._wire.descriptors import CudaRef, SlotRef
 from ._wire.ext import ExtCode
+from ._wire.lanes import NATIVE as native
+from ._wire.lanes import REASON as native_reason
 from ._wire.record import Record
 from ._wire.sglang import SGLangRecord, SGLangState
 from ._wire.slotlayout import SlotClass
@@ -143,6 +146,8 @@ __all__ = [
     "decode",
     "encode",
     "listen",
+    "native",
+    "native_reason",
     "pair",
     "release",
     "serve",

@@ -61,7 +61,6 @@ a flush, or a ring write, and including while that code holds locks.  So:
 from __future__ import annotations
 
 import contextlib
-import struct
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -80,11 +79,9 @@ from .._wire.dtypes import (
     torch_dtype_from_wire,
     torch_module,
 )
+from .._wire.lanes import ReleaseLaneWriter
 from .._wire.release import ReleaseQueue
-from .._wire.ring import (
-    WCLOSED,
-    ReleaseLaneWriter,
-)
+from .._wire.ring import WCLOSED
 from .._wire.slotlayout import (
     PoolLayout,
     check_ref,
@@ -356,12 +353,10 @@ class RecvPool:
 
     def _sink(self, batch: Sequence[tuple[int, int]]) -> bool:
         try:
-            flat = [x for pair in batch for x in pair]
-            payload = struct.pack(f"={len(flat)}Q", *flat)
             w = self._writer
-            if not w.put(payload):
+            if not w.put_pairs(batch):
                 w.park_writer()  # the producer rings back when it has drained the lane
-                if not w.put(payload):
+                if not w.put_pairs(batch):
                     return False
             w.unpark_writer()
             if w.ring_wanted():

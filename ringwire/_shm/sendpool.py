@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import struct
 import threading
 import weakref
 from collections.abc import Sequence
@@ -53,9 +52,7 @@ from .._wire.dtypes import (
     torch_dtype_to_wire,
     torch_module,
 )
-from .._wire.ring import (
-    RingReader,
-)
+from .._wire.lanes import RingReader
 from .._wire.slotlayout import (
     LOANED,
     SENT,
@@ -547,16 +544,9 @@ class SendPool:
         release = self.alloc.release
         try:
             while True:
-                view = reader.next_frame()
-                if view is None:
+                vals = reader.next_pairs()
+                if vals is None:
                     break
-                try:
-                    n = len(view)
-                    if n % 16:
-                        raise RingCorrupted(f"release frame of {n} bytes")
-                    vals = struct.unpack(f"={n // 8}Q", view)
-                finally:
-                    view.release()
                 for i in range(0, len(vals), 2):
                     tag = vals[i]
                     if tag >> 32:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 
 from .._wire.control import DOORBELL_SPACE, ControlReader, encode_abort
-from .._wire.ring import RingReader, RingWriter
+from .._wire.lanes import RingReader, RingWriter
 from .._wire.slotlayout import PoolLayout
 from .recvpool import RecvPool
 from .segment import Segment

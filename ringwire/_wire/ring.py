@@ -95,6 +95,12 @@ and the reader rings after publishing a new head.
 
 Everything here is pure arithmetic over a buffer; the sockets, segments and the
 actual waiting are in :mod:`ringwire._shm.transport` and :mod:`ringwire._conn`.
+
+This module is also the pure-Python implementation.  ``_cring.c`` implements the same
+lanes in C with C11 atomics (release store / acquire load of the counters, seq_cst
+fences for the eventcount: its header pairs them up), and :mod:`ringwire._wire.lanes`
+picks one (``RINGWIRE_PURE=1`` forces this one).  The layout above is the contract:
+a C end and a Python end share one ring.
 """
 
 from __future__ import annotations
@@ -124,6 +130,7 @@ __all__ = [
     "check_ring",
     "fence",
     "frame_size",
+    "header_view",
     "init_ring",
     "max_payload",
     "ring_size",
@@ -240,6 +247,13 @@ def _header(buf: Any, offset: int) -> memoryview:
     if region.nbytes != HEADER_SIZE:
         raise ValueError("buffer too small for a ring header")
     return region.cast("B").cast("Q")
+
+
+def header_view(buf: Any, offset: int) -> memoryview:
+    """The ring header at ``offset`` of ``buf`` as a memoryview of native u64 words
+    (index with :data:`HEADER_WORDS`).  Raises ``TypeError`` for a read-only buffer,
+    ``ValueError`` if the header does not fit."""
+    return _header(buf, offset)
 
 
 def init_ring(buf: Any, offset: int, capacity: int) -> None:
@@ -646,6 +660,21 @@ class RingReader(_Lane):
             head = self.head = start + need
         return nbytes
 
+    def next_pairs(self) -> tuple[int, ...] | None:
+        """The release lane: the next frame's native u64 words (slot, generation pairs),
+        or ``None``.  Raises :class:`RingCorrupted` for a corrupt frame or one that is
+        not a multiple of 16 bytes (it is consumed)."""
+        view = self.next_frame()
+        if view is None:
+            return None
+        try:
+            n = len(view)
+            if n % 16:
+                raise RingCorrupted(f"release frame of {n} bytes")
+            return struct.unpack(f"={n // 8}Q", view)
+        finally:
+            view.release()
+
     def mark(self) -> int:
         """The private head, to undo a :meth:`next_frame` with :meth:`reset`."""
         return self.head
@@ -704,6 +733,13 @@ class ReleaseLaneWriter(RingWriter):
         self._fence()  # payload before tail
         self._q[_TAIL] = self._tail
         return True
+
+    def put_pairs(self, batch: Sequence[tuple[int, int]]) -> bool:
+        """One frame of native u64 ``(slot, generation)`` pairs; ``False`` if it does
+        not fit now.  Raises ``struct.error`` (the native lane: ``OverflowError``; nothing written)
+        for a value outside u64."""
+        flat = [x for pair in batch for x in pair]
+        return self.put(struct.pack(f"={len(flat)}Q", *flat))
 
     def ring_wanted(self) -> bool:
         """After :meth:`put`: is the producer parked on the lane (and not rung yet)?"""

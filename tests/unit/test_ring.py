@@ -1,4 +1,9 @@
-"""Ring arithmetic on plain bytearrays: no processes, no OS."""
+"""Ring arithmetic on plain bytearrays: no processes, no OS.
+
+Every test runs on both lane implementations (the autouse ``lane_impl`` fixture swaps
+this module's ``RingWriter`` / ``RingReader`` names): the pure-Python classes of
+``ringwire._wire.ring`` and the C ones of ``ringwire._wire.lanes`` (skipped where the
+extension is not built)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringwire._errors import EncodeError, FrameTooLarge, RingCorrupted
+from ringwire._wire import lanes
 from ringwire._wire.ring import (
     HEADER_SIZE,
     MIN_CAPACITY,
@@ -24,6 +30,16 @@ from ringwire._wire.ring import (
 )
 
 CAP = 1024
+
+
+@pytest.fixture(autouse=True, params=["pure", "native"])
+def lane_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "native":
+        if lanes.NativeRingWriter is None:
+            pytest.skip(f"the C ring is not built: {lanes.REASON}")
+        monkeypatch.setitem(globals(), "RingWriter", lanes.NativeRingWriter)
+        monkeypatch.setitem(globals(), "RingReader", lanes.NativeRingReader)
+    return str(request.param)
 
 
 def make(cap: int = CAP, offset: int = 0) -> tuple[bytearray, RingWriter, RingReader]:

@@ -1,0 +1,246 @@
+"""The C ring against the pure-Python ring, side by side, with issue 15's targets.
+
+Run from the repository root (the C ring built: ``pip install -e .`` with gcc)::
+
+    python -m perf.native --quick       # ~5 minutes on a 2-core VM
+    python -m perf.native               # full runs of perf.transport and perf.slots
+    python -m perf.native --from DIR    # rebuild the table from DIR's JSON, run nothing
+
+It runs ``perf.transport`` and ``perf.slots`` once per path (``RINGWIRE_PURE=0`` and
+``RINGWIRE_PURE=1``, in alternating order: native first for transport, pure first for
+slots), each with its own peers in the same run, plus a sparse-load measurement of
+its own (a consumer answering 100 requests/s, its CPU share), and prints one table:
+each issue-15 target as a row, the ratio on each path, HIT or MISS.  The ratios are
+ringwire ÷ the peer *of the same run*, so both paths are judged against peers measured
+under the same machine load; the absolute figures are in each run's log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `perf` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from perf._common import format_table, machine_info
+
+PATHS = ("native", "pure")
+SPARSE_RATE = 100  # requests per second
+SPARSE_CPU_PCT = 3.0
+
+
+def _run(module: str, path: str, out: Path, quick: bool) -> None:
+    env = dict(os.environ, RINGWIRE_PURE="1" if path == "pure" else "0")
+    cmd = [sys.executable, "-m", f"perf.{module}", "--json", str(out / f"{module}-{path}.json")]
+    if quick:
+        cmd.append("--quick")
+    log = out / f"{module}-{path}.log"
+    print(f"running {' '.join(cmd[1:])} [{path}] (log: {log})", flush=True)
+    with open(log, "w", encoding="utf-8") as f:
+        subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, check=False)
+
+
+# -- the sparse-load measurement ---------------------------------------------------------
+
+
+def _sparse_child(seconds: float, rate: int, path: str) -> None:  # pragma: no cover - child
+    """Answer requests arriving at ``rate``/s for ``seconds``; print the consumer's CPU."""
+    os.environ["RINGWIRE_PURE"] = "1" if path == "pure" else "0"
+    import multiprocessing as mp
+
+    import ringwire
+
+    ctx = mp.get_context("spawn")
+    a, b = ringwire.pair()
+    q = ctx.Queue()
+    p = ctx.Process(target=_echo_cpu, args=(b, q), daemon=True)
+    p.start()
+    with a.connect_sync() as ch:
+        period = 1.0 / rate
+        t0 = time.monotonic()
+        n = 0
+        while time.monotonic() - t0 < seconds:
+            ch.send({"seq": n, "body": "x" * 80})
+            ch.receive()
+            n += 1
+            time.sleep(max(0.0, t0 + n * period - time.monotonic()))
+        ch.send("stop")
+        cpu, wall, native = q.get(timeout=30)
+    p.join(10)
+    print(json.dumps({"cpu_pct": 100 * cpu / wall, "requests": n, "native": native}))
+
+
+def _echo_cpu(end: Any, q: Any) -> None:  # pragma: no cover - grandchild
+    import ringwire
+
+    with end.connect_sync() as ch:
+        t0, c0 = time.monotonic(), time.process_time()
+        for x in ch:
+            if x == "stop":
+                break
+            ch.send(x)
+        q.put((time.process_time() - c0, time.monotonic() - t0, ringwire.native))
+
+
+def _sparse(path: str, out: Path, seconds: float) -> None:
+    print(f"running the sparse-load consumer ({SPARSE_RATE}/s, {seconds:g} s) [{path}]", flush=True)
+    code = f"import perf.native as m; m._sparse_child({seconds}, {SPARSE_RATE}, {path!r})"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=seconds + 120
+    )
+    res: dict[str, Any] = {"error": proc.stderr[-2000:]} if proc.returncode else {}
+    if not proc.returncode:
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+    (out / f"sparse-{path}.json").write_text(json.dumps(res))
+
+
+# -- the table ----------------------------------------------------------------------------
+
+
+def _med(rows: dict[str, Any], prefix: str, key: str, four_k: bool = False) -> float | None:
+    for name, v in rows.items():
+        if name.startswith(prefix) and name.endswith(", 4 KiB") == four_k:
+            return float(v[key])
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _targets(out: Path, path: str) -> list[tuple[str, float | None, float, str]]:
+    """(target, value, limit, op) for one path."""
+    try:
+        t = json.loads((out / f"transport-{path}.json").read_text())["results"]
+    except (OSError, KeyError, ValueError):
+        t = {}
+    hot, asy, tp = t.get("hot_rt", {}), t.get("async_rt", {}), t.get("throughput", {})
+    rw_hot = _med(hot, "ringwire hot, blocking API", "median_ns")
+    rw_async = _med(asy, "ringwire parked (spin_us=0) [asyncio]", "median_ns")
+    floor = _med(asy, "asyncio pipe floor (add_reader, callback echo) [asyncio]", "median_ns")
+    zmq = None
+    for n, v in asy.items():
+        if n.startswith("zmq") and n.endswith("[asyncio]") and ", 4 KiB" not in n:
+            zmq = float(v["median_ns"])
+            break
+    sb = _med(tp, "ringwire sync send_many", "median_rps")
+    ss = _med(tp, "ringwire sync send/receive", "median_rps")
+    ffb = _med(tp, "faster-fifo put_many", "median_rps")
+    codec = _med(tp, "codec", "median_rps")
+    idle = t.get("idle", {})
+    idle_pct = max((float(v["cpu_pct"]) for v in idle.values()), default=None)
+    rows = [
+        (
+            "hot RT, 100 B, blocking: ≤ 0.7× posix_ipc semaphore ping-pong",
+            _ratio(rw_hot, _med(hot, "posix_ipc semaphore ping-pong", "median_ns")),
+            0.7,
+            "<=",
+        ),
+        (
+            "hot RT, 100 B, blocking: ≤ 10× busy-polled shared int",
+            _ratio(rw_hot, _med(hot, "busy-poll", "median_ns")),
+            10.0,
+            "<=",
+        ),
+        (
+            "async RT parked, asyncio: ≤ 1.5× socketpair add_reader floor",
+            _ratio(rw_async, floor),
+            1.5,
+            "<=",
+        ),
+        ("async RT parked, asyncio: ≤ 0.3× zmq.asyncio", _ratio(rw_async, zmq), 0.3, "<="),
+        ("batched 1→1, 100 B: ≥ 3× faster-fifo put_many/get_many", _ratio(sb, ffb), 3.0, ">="),
+        (
+            "batched 1→1, 100 B: ≥ 0.6× codec ceiling (encode + decode)",
+            _ratio(sb, codec),
+            0.6,
+            ">=",
+        ),
+        ("per-record 1→1, 100 B: ≥ 1× faster-fifo batched", _ratio(ss, ffb), 1.0, ">="),
+    ]
+    try:
+        s = json.loads((out / f"slots-{path}.json").read_text())
+    except (OSError, ValueError):
+        s = {}
+    rows.append(("8 MiB copy-in: ≥ 0.85× one np.copyto of 8 MiB", _copy_ratio(s), 0.85, ">="))
+    rows.append(("idle consumer: 0 % of a core (≤ 0.1 %)", idle_pct, 0.1, "<="))
+    try:
+        sp = json.loads((out / f"sparse-{path}.json").read_text()).get("cpu_pct")
+    except (OSError, ValueError):
+        sp = None
+    rows.append((f"consumer at {SPARSE_RATE} sparse requests/s: ≤ 3 % of a core", sp, 3.0, "<="))
+    return rows
+
+
+def _copy_ratio(s: dict[str, Any]) -> float | None:
+    """np.copyto time ÷ ringwire copy-in time at 8 MiB (higher is better)."""
+    for t in s.get("targets", []):
+        what = str(t.get("target", ""))
+        if what.startswith("copy-in 8 MiB") and "memcpy" in what:
+            v = t.get("value")
+            return float(v) if v is not None else None
+    return None
+
+
+def _fmt(v: float | None, pct: bool) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.2f} %" if pct else (f"{v:.3f}×" if v < 1 else f"{v:.2f}×")
+
+
+def table(out: Path) -> str:
+    per = {p: _targets(out, p) for p in PATHS}
+    rows = []
+    for i, (what, _, limit, op) in enumerate(per["native"]):
+        pct = "%" in what
+        cells = [what]
+        for p in PATHS:
+            v = per[p][i][1]
+            ok = None if v is None else (v <= limit if op == "<=" else v >= limit)
+            cells += [_fmt(v, pct), "n/a" if ok is None else "HIT" if ok else "MISS"]
+        rows.append(cells)
+    return format_table(["target (issue 15)", "native", "", "pure", ""], rows, "lrlrl")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the quick modes (~5 minutes)")
+    ap.add_argument("--out", default="perf/results/native", help="where the JSON and logs go")
+    ap.add_argument("--from", dest="from_dir", metavar="DIR", help="only rebuild the table")
+    ap.add_argument("--sparse-seconds", type=float, default=10.0)
+    args = ap.parse_args(argv)
+    out = Path(args.from_dir or args.out)
+    if not args.from_dir:
+        out.mkdir(parents=True, exist_ok=True)
+        load0 = os.getloadavg()[0]
+        for module, order in (("transport", PATHS), ("slots", PATHS[::-1])):
+            for path in order:
+                _run(module, path, out, args.quick)
+        for path in PATHS:
+            _sparse(path, out, args.sparse_seconds)
+        info = {"machine": machine_info(), "load_start": load0, "load_end": os.getloadavg()[0]}
+        (out / "native.json").write_text(json.dumps(info, indent=2))
+    text = table(out)
+    try:
+        info = json.loads((out / "native.json").read_text())
+        m = info["machine"]
+        print(
+            f"CPU: {m.get('cpu')}, {m.get('cpu_count')} cpus; load average "
+            f"{info['load_start']:.2f} at start, {info['load_end']:.2f} at end"
+        )
+    except (OSError, ValueError, KeyError):
+        pass
+    print(text)
+    (out / "native.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
