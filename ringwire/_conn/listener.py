@@ -33,7 +33,14 @@ from .._shm.sockets import bind_unix_socket, check_peer
 from .._wire.ring import MAX_CAPACITY, validate_capacity
 from .async_channel import AsyncWaker, Channel
 from .endpoint import DEFAULT_SPIN_US, EMPTY, Endpoint
-from .netconn import DEFAULT_HEARTBEAT, accept_loop, check_heartbeat, open_acceptor, sync_accept
+from .netconn import (
+    DEFAULT_HEARTBEAT,
+    accept_loop,
+    check_bind,
+    check_heartbeat,
+    open_acceptor,
+    sync_accept,
+)
 from .statistics import ListenerStatistics
 from .sync_channel import SyncChannel
 
@@ -105,6 +112,8 @@ class _ListenerBase:
         self._heartbeat = heartbeat
         self._insecure = insecure
         self._acceptor: Any = None
+        if self.tcp:
+            check_bind(self.path, insecure)
         if not isinstance(spin_us, (int, float)) or not spin_us >= 0:
             raise ValueError(f"spin_us must be a number >= 0, not {spin_us!r}")
         if not isinstance(handshake_timeout, (int, float)) or not handshake_timeout > 0:

@@ -72,19 +72,30 @@ def drive_sync(gen: Any) -> Any:
 
 
 async def drive_async(gen: Any) -> Any:
-    """Run a handshake generator on the event loop (cancellable)."""
+    """Run a handshake generator on the event loop (cancellable).  It waits on an
+    epoll descriptor over the ZeroMQ socket's, never on ZeroMQ's own: libuv (uvloop)
+    must not poll a descriptor that libzmq reads."""
     import zmq
 
+    ep = select.epoll()
+    fd = -1
     try:
         sock, until = next(gen)
         while True:
+            new = int(sock.getsockopt(zmq.FD))
+            if new != fd:
+                if fd >= 0:
+                    ep.unregister(fd)
+                ep.register(new, select.EPOLLIN)
+                fd = new
             with anyio.move_on_after(max(0.0, until - time.monotonic())):
-                await anyio.wait_readable(sock.getsockopt(zmq.FD))
+                await anyio.wait_readable(ep.fileno())
             sock, until = gen.send(None)
     except StopIteration as stop:
         return stop.value
     finally:
         gen.close()
+        ep.close()
 
 
 def connect_transport(
@@ -122,14 +133,7 @@ def open_acceptor(
     """Bind the rendezvous at ``url``.  A non-loopback address needs ``insecure=True``
     (ringwire does not authenticate TCP peers yet).  Raises ``ValueError`` /
     ``OSError`` naming the address."""
-    hs = load()
-    addr = hs.parse_address(url, bind=True)
-    if not addr.is_loopback() and not insecure:
-        raise ValueError(
-            f"refusing to listen at {url}: a non-loopback TCP address is reachable by "
-            "anyone on the network and ringwire does not authenticate TCP peers yet; "
-            "bind 127.0.0.1, or pass insecure=True on a network you trust"
-        )
+    hs = check_bind(url, insecure)
     return hs.NetAcceptor(
         url,
         max_capacity=max_capacity,
@@ -138,6 +142,20 @@ def open_acceptor(
         handshake_timeout=handshake_timeout,
         capacity_default=1 << 20,
     )
+
+
+def check_bind(url: str, insecure: bool) -> Any:
+    """Refuse a bad or (without ``insecure``) non-loopback ``url`` before anything is
+    made; returns the handshake module."""
+    hs = load()
+    addr = hs.parse_address(url, bind=True)
+    if not addr.is_loopback() and not insecure:
+        raise ValueError(
+            f"refusing to listen at {url}: a non-loopback TCP address is reachable by "
+            "anyone on the network and ringwire does not authenticate TCP peers yet; "
+            "bind 127.0.0.1, or pass insecure=True on a network you trust"
+        )
+    return hs
 
 
 async def accept_loop(

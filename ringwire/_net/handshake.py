@@ -34,7 +34,7 @@ from .._errors import HandshakeError
 from .._shm.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
-from .transport import NetTransport, configure, context
+from .transport import NetTransport, close_monitored, configure, context, monitor_of
 
 __all__ = [
     "Address",
@@ -231,7 +231,7 @@ def client_handshake(
             raise HandshakeError(f"the listener at {url} sent a bad welcome")
         pair = ctx.socket(zmq.PAIR)
         configure(pair, heartbeat, max(capacity, min(reply.budget, _MAX_BUDGET)) + 64)
-        pmon = pair.get_monitor_socket()
+        pmon = monitor_of(pair)
         pair.connect(Address(addr.host, reply.port).url)
         pair.send_multipart((b"", b"H" + reply.token + session))
         while not _recv_ready(pair):
@@ -254,13 +254,9 @@ def client_handshake(
         done = True
         return t
     finally:
-        dmon.close(0)
-        dealer.close(0)
-        if not done:
-            if pmon is not None:
-                pmon.close(0)
-            if pair is not None:
-                pair.close(0)
+        close_monitored(dealer, dmon, 0)
+        if not done and pair is not None and pmon is not None:
+            close_monitored(pair, pmon, 0)
 
 
 # -- the listener ----------------------------------------------------------------------
@@ -383,7 +379,7 @@ class NetAcceptor:
         ctx = context()
         sock = ctx.socket(zmq.PAIR)
         configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
-        mon = sock.get_monitor_socket()
+        mon = monitor_of(sock)
         host = self._bind_host if ":" not in self._bind_host else f"[{self._bind_host}]"
         port = sock.bind_to_random_port(f"tcp://{host}")
         token = secrets.token_bytes(16)
@@ -429,8 +425,7 @@ class NetAcceptor:
 
     def _drop(self, p: _Pending) -> None:
         self._forget(p)
-        p.mon.close(0)
-        p.sock.close(0)
+        close_monitored(p.sock, p.mon, 0)
 
     def close(self) -> None:
         if not self.closed:

@@ -11,7 +11,8 @@ message ``[b"", body]`` whose first byte says what it is:
 byte   body                  meaning
 =====  ====================  ===========================================================
 ``C``  u64 big-endian        the reader has consumed this many record bytes in all
-                             (credit: the writer may have ``capacity`` bytes in flight)
+                             (credit: the writer may have ``capacity`` bytes in flight;
+                             a record counts its payload + 4, as a ring frame)
 ``R``  n x (u64, u64)        releases: the receiver's views of these arrays died
 ``E``                        the writer closed (``EndOfStream`` after the records)
 ``X``                        the reader closed (the writer's sends fail)
@@ -50,10 +51,13 @@ sends and receives from two threads).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import select
+import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -69,8 +73,12 @@ __all__ = [
     "NetReader",
     "NetTransport",
     "NetWriter",
+    "close_monitored",
     "configure",
     "context",
+    "monitor_of",
+    "reap",
+    "retire",
 ]
 
 DEFAULT_HEARTBEAT = 3.0
@@ -78,6 +86,7 @@ DEFAULT_HEARTBEAT = 3.0
 LINGER_MS = 2000  # a closed socket keeps sending what was queued this long at most
 _MAX_REASON = 2000
 _Q = struct.Struct(">Q")
+_HEADER = 4  # bytes a record counts beyond its payload (as a ring frame's header)
 
 _ctx: zmq.Context[Any] | None = None
 _ctx_pid = 0
@@ -87,15 +96,19 @@ def context() -> zmq.Context[Any]:
     """This process's ZeroMQ context (a fresh one in a forked child); at exit it
     flushes what closed sockets still queue, for at most :data:`LINGER_MS`."""
     global _ctx, _ctx_pid
+    if _graveyard and _ctx_pid == os.getpid():
+        reap()
     if _ctx is None or _ctx_pid != os.getpid() or _ctx.closed:
         _ctx = zmq.Context()
         _ctx_pid = os.getpid()
+        _graveyard.clear()  # (a forked child's copies belong to the parent)
         atexit.register(_at_exit, _ctx, _ctx_pid)
     return _ctx
 
 
 def _at_exit(ctx: zmq.Context[Any], pid: int) -> None:
     if pid == os.getpid() and not ctx.closed:
+        reap(everything=True)
         ctx.destroy(linger=LINGER_MS)
 
 
@@ -145,7 +158,7 @@ class NetWriter:
             )
 
     def fits_now(self, n: int) -> bool:
-        return self.sent - self.acked + n <= self.capacity
+        return self.sent - self.acked + n + _HEADER <= self.capacity
 
     def try_write(self, payload: Any) -> bool | None:
         if self.reader_closed_flag:
@@ -153,10 +166,10 @@ class NetWriter:
         n = len(payload)
         if n > self.max_payload:
             self.check_size(n)
-        if self.sent - self.acked + n > self.capacity:
+        if self.sent - self.acked + n + _HEADER > self.capacity:
             return False
         self._t.send_record(payload, getattr(payload, "frames", None))
-        self.sent += n
+        self.sent += n + _HEADER
         return True
 
     def write_many(self, payloads: Sequence[Any], start: int = 0) -> tuple[int, int]:
@@ -253,7 +266,7 @@ class NetReader:
         inbox = self.inbox
         n = 0
         for _ in range(self._taken):
-            n += len(inbox.popleft()[0])
+            n += len(inbox.popleft()[0]) + _HEADER
         self._taken = 0
         self.current = []
         self.inbox_bytes -= n
@@ -319,7 +332,10 @@ class NetTransport:
         self._peer_fd = peer_fd
         self.address = address
         self._lock = threading.Lock()
-        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._efd = self._wake_r.fileno()
         self._ep = select.epoll()
         for fd in (int(sock.getsockopt(zmq.FD)), int(monitor.getsockopt(zmq.FD)), self._efd):
             self._ep.register(fd, select.EPOLLIN)
@@ -333,8 +349,16 @@ class NetTransport:
         self._error: ProtocolError | None = None
         self._closed = False
         self.releases: deque[tuple[int, int]] = deque()  # from the peer, for the send pool
+        self._news = False  # a pump outside drain() changed state: ring the eventfd
         self.on_frame: Callable[[list[Any]], None] = _ignore
         self.send_pool, self.recv_pool, self.encoder = pools(self)
+        # read the monitor (and the socket) once now: libzmq signals a socket's FD for
+        # a new message only after a read found its pipe empty
+        with self._lock:
+            self._pump_locked()
+            self._pump_monitor()
+        if self.rx.inbox or self._news:
+            self._ring_self()
 
     def __repr__(self) -> str:
         return f"<NetTransport {self.address}{' gone' if self.gone else ''}>"
@@ -388,18 +412,26 @@ class NetTransport:
             self.gone = True
 
     def _ring_self(self) -> None:
+        efd = self._efd
+        if efd < 0:
+            return  # closed (its number may be another descriptor's by now)
         try:
-            os.eventfd_write(self._efd, 1)
+            self._wake_w.send(b"w")
         except OSError:
-            pass  # closed, or the counter is full: readable anyway
+            pass  # the counter is full: readable anyway
 
     # -- receiving --------------------------------------------------------------------
 
     def pump(self) -> None:
         """Pull every waiting message (records into the inbox, control messages
-        handled); never waits."""
+        handled); never waits.  A control message or a hang-up found here (not in
+        :meth:`drain`) rings the eventfd: another waiter of this endpoint -- a sender
+        waiting for credit, a receiver waiting for the end -- must wake for it."""
         with self._lock:
             self._pump_locked()
+            if self._news:
+                self._news = False
+                self._ring_self()
 
     def _pump_locked(self) -> None:
         if self._closed:
@@ -424,7 +456,7 @@ class NetTransport:
                     self._fail("a record arrived after the peer's end of stream")
                     continue
                 rx.inbox.append((first, parts))
-                rx.inbox_bytes += len(first)
+                rx.inbox_bytes += len(first) + _HEADER
                 if rx.inbox_bytes > rx.capacity:
                     self._fail(
                         f"the peer sent {rx.inbox_bytes} record bytes, more than the lane's "
@@ -442,6 +474,7 @@ class NetTransport:
 
     def _control(self, body: bytes) -> None:
         self.doorbells_received += 1
+        self._news = True
         kind, rest = body[:1], body[1:]
         if kind == b"C":
             if len(rest) != 8:
@@ -485,7 +518,13 @@ class NetTransport:
             if ev["event"] in _GONE_EVENTS and (
                 self._peer_fd is None or int(ev["value"]) == self._peer_fd
             ):
-                self.gone = True
+                # the monitor's event may overtake the last messages of the pipe (libzmq
+                # throttles command processing): give the socket a moment to deliver
+                if not self.gone:
+                    with contextlib.suppress(zmq.ZMQError):
+                        self._sock.poll(10, zmq.POLLIN)
+                    self._pump_locked()
+                self.gone = self._news = True
 
     # -- the seam ---------------------------------------------------------------------
 
@@ -496,14 +535,16 @@ class NetTransport:
         return not self.gone
 
     def drain(self) -> bool:
-        try:
-            os.eventfd_read(self._efd)
-        except (BlockingIOError, OSError):
-            pass
         with self._lock:
-            if not self._closed:
+            if self._efd >= 0:
+                try:
+                    while len(self._wake_r.recv(4096)) == 4096:
+                        pass
+                except OSError:
+                    pass  # nothing to read
                 self._pump_locked()
                 self._pump_monitor()
+                self._news = False  # the caller wakes every waiter
         if self._error is not None:
             err, self._error = self._error, None
             raise err
@@ -520,6 +561,9 @@ class NetTransport:
         if not self.gone and not self._closed:
             with self._lock:
                 self._pump_monitor()
+                if self._news:
+                    self._news = False
+                    self._ring_self()
         return self.gone or self._reason is not None
 
     def shutdown(self) -> None:
@@ -535,10 +579,78 @@ class NetTransport:
         with self._lock:
             self._closed = True
             self.rx.release()
-            self._sock.close(LINGER_MS)
-            self._mon.close(0)
-        self._ep.close()
-        os.close(self._efd)
+            retire(self._sock, self._mon)
+            self._ep.close()
+            self._efd = -1
+            self._wake_r.close()
+            self._wake_w.close()
+
+
+MONITOR_EVENTS = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+def monitor_of(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
+    """The monitor socket of ``sock`` (the events liveness needs)."""
+    return sock.get_monitor_socket(MONITOR_EVENTS)
+
+
+def close_monitored(sock: zmq.Socket[Any], mon: zmq.Socket[Any], linger: int) -> None:
+    """Close ``sock`` and its monitor, in the only safe order: libzmq's I/O thread
+    sends monitor events blocking, so a monitor closed while its socket still emits
+    events (as it is torn down) would hang that thread -- and every socket of the
+    context with it.  The monitor is switched off first."""
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    mon.close(0)
+    sock.close(linger)
+
+
+# Closed connections' sockets, kept open until the peer hung up too or for GRACE seconds:
+# libzmq drops what a peer had received but not yet read when the connection goes, so
+# a socket closed at once could take our last records, E and B with it.
+GRACE = 2.0
+_graveyard: list[tuple[zmq.Socket[Any], zmq.Socket[Any], float]] = []
+_graveyard_lock = threading.Lock()
+
+
+def retire(sock: zmq.Socket[Any], mon: zmq.Socket[Any]) -> None:
+    """Close ``sock`` (and its monitor) once the peer is gone, or after :data:`GRACE`."""
+    with _graveyard_lock:
+        _graveyard.append((sock, mon, time.monotonic() + GRACE))
+    reap()
+
+
+def reap(everything: bool = False) -> None:
+    """Close the retired sockets whose peer is gone or whose grace is over."""
+    now = time.monotonic()
+    with _graveyard_lock:
+        keep = []
+        for sock, mon, until in _graveyard:
+            gone = everything or now >= until
+            while not gone:
+                try:
+                    ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    gone = True
+                    break
+                gone = ev["event"] in _GONE_EVENTS
+            if gone:
+                close_monitored(sock, mon, LINGER_MS)
+            else:
+                keep.append((sock, mon, until))
+        _graveyard[:] = keep
 
 
 def _ignore(parts: list[Any]) -> None:
