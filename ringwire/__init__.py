@@ -74,7 +74,7 @@ from ._shm.segment import sweep as sweep_segments
 from ._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
 from ._shm.views import borrow, copy_out, release
 from ._wire.codec import Decoder, Encoder, decode, encode
-from ._wire.descriptors import CudaRef, SlotRef
+from ._wire.descriptors import CudaRef, NetRef, SlotRef
 from ._wire.ext import ExtCode
 from ._wire.lanes import NATIVE as native
 from ._wire.lanes import REASON as native_reason
@@ -125,6 +125,7 @@ __all__ = [
     "SlotClass",
     "SlotConfig",
     "SlotMisuse",
+    "NetRef",
     "SlotRef",
     "SlotsExhausted",
     "Subscriber",

@@ -17,6 +17,9 @@ from .._wire.ring import validate_capacity
 from .async_channel import Channel
 from .endpoint import DEFAULT_SPIN_US, Endpoint
 from .listener import DEFAULT_HANDSHAKE_TIMEOUT
+from .netconn import DEFAULT_HEARTBEAT, check_heartbeat, connect_transport
+from .netconn import drive_async as net_drive_async
+from .netconn import drive_sync as net_drive_sync
 from .sync_channel import SyncChannel
 
 __all__ = ["DEFAULT_CAPACITY", "check_options", "connect", "connect_sync"]
@@ -73,8 +76,16 @@ async def connect(
     spin_us: float = DEFAULT_SPIN_US,
     timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     slots: SlotConfig | None = DEFAULT_SLOTS,
+    heartbeat: float = DEFAULT_HEARTBEAT,
 ) -> Channel:
     """Connect to the :class:`Listener` at ``path``; return the async endpoint.
+
+    ``path`` is a Unix socket path on this host, or ``"tcp://host:port"``: a listener
+    on another host, over ZeroMQ (``pip install 'ringwire[net]'``; the same channel,
+    arrays beside the record as zero-copy frames).  ``heartbeat`` (TCP only) is how
+    many seconds a silent peer is given before the connection counts as broken; a
+    bad ``tcp://`` address is a ``ValueError`` naming it, an unknown host an
+    ``OSError``.
 
     ``capacity`` is the data capacity of each ring lane (a power of two).  ``slots``
     configures this side's tensor-slot send pool (``None``: no pool, every array
@@ -86,6 +97,13 @@ async def connect(
     validate_capacity(capacity)
     check_options(spin_us, timeout)
     slots = resolve_config(slots)
+    if isinstance(path, str) and path.startswith("tcp://"):
+        check_heartbeat(heartbeat)
+        _, gen = connect_transport(
+            path, capacity=capacity, slots=slots, heartbeat=heartbeat, timeout=timeout
+        )
+        transport = await net_drive_async(gen)
+        return Channel(Endpoint(transport, type=type, spin_us=spin_us, name=path))
     sock = _client_socket(path)
     try:
         with anyio.fail_after(timeout):
@@ -115,11 +133,19 @@ def connect_sync(
     spin_us: float = DEFAULT_SPIN_US,
     timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     slots: SlotConfig | None = DEFAULT_SLOTS,
+    heartbeat: float = DEFAULT_HEARTBEAT,
 ) -> SyncChannel:
-    """Blocking :func:`connect`: returns a :class:`SyncChannel`."""
+    """Blocking :func:`connect`: returns a :class:`SyncChannel` (``tcp://`` too)."""
     validate_capacity(capacity)
     check_options(spin_us, timeout)
     slots = resolve_config(slots)
+    if isinstance(path, str) and path.startswith("tcp://"):
+        check_heartbeat(heartbeat)
+        _, gen = connect_transport(
+            path, capacity=capacity, slots=slots, heartbeat=heartbeat, timeout=timeout
+        )
+        transport = net_drive_sync(gen)
+        return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=path))
     deadline = time.monotonic() + timeout
     sock = _client_socket(path)
     try:

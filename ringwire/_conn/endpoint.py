@@ -155,7 +155,9 @@ class Endpoint:
         # (payload, error) of a record that failed to decode and was left unread
         self._undecodable: tuple[bytes, str] | None = None
         # the one place where codecs are made: the send pool places, the peer's resolves
-        self.enc = Encoder()
+        # a transport that carries arrays beside the record brings its own encoder
+        self.enc = getattr(transport, "encoder", None) or Encoder()
+        self._shm_pool = isinstance(self.pool, SendPool)  # else: ask pool.has_work()
         self._resolver = self.peer.resolve if self.peer is not None else _no_pool
         self.dec = Decoder(type, resolver=self._resolver)
         self._decoders: dict[Any, Decoder] = {type: self.dec}
@@ -314,6 +316,9 @@ class Endpoint:
                     pool.reclaim()  # only takes back loans dropped since
             elif self.eof:
                 pool.reclaim()
+            elif not self._shm_pool:
+                if pool.has_work():
+                    self._poll_pool(pool)
             else:  # pool.has_work(), inlined: this runs on every send and receive
                 lane = pool.reader
                 if (

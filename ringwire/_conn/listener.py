@@ -30,10 +30,17 @@ from .._shm.handshake import HandshakeGen, drive_async, drive_sync, poll_fd, ser
 from .._shm.segment import pid_alive, sweep
 from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
 from .._shm.sockets import bind_unix_socket, check_peer
-from .._shm.transport import ShmTransport
 from .._wire.ring import MAX_CAPACITY, validate_capacity
 from .async_channel import AsyncWaker, Channel
 from .endpoint import DEFAULT_SPIN_US, EMPTY, Endpoint
+from .netconn import (
+    DEFAULT_HEARTBEAT,
+    accept_loop,
+    check_bind,
+    check_heartbeat,
+    open_acceptor,
+    sync_accept,
+)
 from .statistics import ListenerStatistics
 from .sync_channel import SyncChannel
 
@@ -94,8 +101,19 @@ class _ListenerBase:
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         backlog: int = 128,
         slots: SlotConfig | None = DEFAULT_SLOTS,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        insecure: bool = False,
     ) -> None:
         self.path = os.fspath(path)
+        self.tcp = self.path.startswith("tcp://")
+        check_heartbeat(heartbeat)
+        if not isinstance(insecure, bool):
+            raise TypeError(f"insecure must be a bool, not {insecure!r}")
+        self._heartbeat = heartbeat
+        self._insecure = insecure
+        self._acceptor: Any = None
+        if self.tcp:
+            check_bind(self.path, insecure)
         if not isinstance(spin_us, (int, float)) or not spin_us >= 0:
             raise ValueError(f"spin_us must be a number >= 0, not {spin_us!r}")
         if not isinstance(handshake_timeout, (int, float)) or not handshake_timeout > 0:
@@ -110,11 +128,24 @@ class _ListenerBase:
         self._handshake_timeout = handshake_timeout
         self._backlog = backlog
 
+    def _open_acceptor(self) -> None:
+        """``tcp://``: bind the rendezvous (``self.path`` becomes the bound address,
+        the port filled in when it was 0)."""
+        self._acceptor = open_acceptor(
+            self.path,
+            max_capacity=self._max_capacity,
+            slots=self._slots,
+            heartbeat=self._heartbeat,
+            handshake_timeout=self._handshake_timeout,
+            insecure=self._insecure,
+        )
+        self.path = self._acceptor.address.url
+
     def _handshake_for(self, pid: int) -> HandshakeGen:
         # a client may announce only segments it made itself (see server_handshake)
         return server_handshake(pid, self._max_capacity, self._slots, own_names=True)
 
-    def _endpoint(self, transport: ShmTransport) -> Endpoint:
+    def _endpoint(self, transport: Any) -> Endpoint:
         return Endpoint(transport, type=self._type, spin_us=self._spin_us, name=self.path)
 
     def _log_refusal(self, exc: BaseException) -> None:
@@ -155,12 +186,17 @@ class Listener(_ListenerBase):
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         backlog: int = 128,
         slots: SlotConfig | None = DEFAULT_SLOTS,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        insecure: bool = False,
     ) -> None:
         """``type`` decodes the records of every accepted connection; ``spin_us`` is
         their spin budget; ``max_capacity`` bounds the rings a client may announce;
         ``handshake_timeout`` bounds one handshake; ``backlog`` is the socket's listen
         backlog; ``slots`` is this side's send pool on every accepted connection (see
-        :func:`connect`).  Raises ``ValueError`` / ``TypeError`` for bad values."""
+        :func:`connect`).  ``path`` may be ``"tcp://host:port"`` (port 0: any free
+        one; :attr:`path` then names the bound address): ``heartbeat`` is the TCP
+        connections' liveness bound, and a non-loopback host needs ``insecure=True``.
+        Raises ``ValueError`` / ``TypeError`` for bad values."""
         super().__init__(
             path,
             type=type,
@@ -169,6 +205,8 @@ class Listener(_ListenerBase):
             handshake_timeout=handshake_timeout,
             backlog=backlog,
             slots=slots,
+            heartbeat=heartbeat,
+            insecure=insecure,
         )
         self._spin_ns = int(max(0.0, float(self._spin_us)) * 1000)
         self._sock: socket.socket | None = None
@@ -199,10 +237,13 @@ class Listener(_ListenerBase):
         )
 
     async def __aenter__(self) -> Listener:
-        if self._sock is not None or self._closed:
+        if self._sock is not None or self._acceptor is not None or self._closed:
             raise RuntimeError("a Listener can be entered once")
-        self._sock = bind_unix_socket(self.path, self._backlog)
-        sweep()  # names left by dead processes (a listener killed mid-handshake, say)
+        if self.tcp:
+            self._open_acceptor()
+        else:
+            self._sock = bind_unix_socket(self.path, self._backlog)
+            sweep()  # names left by dead processes (a listener killed mid-handshake, say)
         self._cm = self._running()
         try:
             await self._cm.__aenter__()
@@ -221,7 +262,10 @@ class Listener(_ListenerBase):
         # whatever is being cancelled (trio and anyio require exactly that).
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            tg.start_soon(self._accept_loop)
+            if self._acceptor is not None:
+                tg.start_soon(accept_loop, self._acceptor, self._adopt_soon, self._refused_one)
+            else:
+                tg.start_soon(self._accept_loop)
             try:
                 yield
             finally:
@@ -247,6 +291,8 @@ class Listener(_ListenerBase):
             self._tg.cancel_scope.cancel()
         if self._sock is not None:
             self._remove_socket(self._sock)
+        if self._acceptor is not None:
+            self._acceptor.close()
         self._accept_send.close()
         # connections accepted but never taken with accept() are closed above
         self._accept_recv.close()
@@ -291,6 +337,18 @@ class Listener(_ListenerBase):
         except BaseException:
             sock.close()
             raise
+        await self._adopt(transport)
+
+    def _refused_one(self, exc: BaseException) -> None:
+        self._refused += 1
+        self._log_refusal(exc)
+
+    def _adopt_soon(self, transport: Any) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(self._adopt, transport)
+
+    async def _adopt(self, transport: Any) -> None:
+        """A connection whose handshake succeeded: into the fan-in, until it ends."""
         core = self._endpoint(transport)
         waker = AsyncWaker(core)
         conn = _Accepted(Channel(core, waker), core, waker)
@@ -324,7 +382,7 @@ class Listener(_ListenerBase):
 
     async def accept(self) -> Channel:
         """The next new connection (it also takes part in the fan-in :meth:`receive`)."""
-        if self._sock is None:
+        if self._sock is None and self._acceptor is None:
             raise RuntimeError("use the Listener as 'async with' before accepting")
         try:
             return await self._accept_recv.receive()
@@ -509,9 +567,11 @@ def listen(
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     backlog: int = 128,
     slots: SlotConfig | None = DEFAULT_SLOTS,
+    heartbeat: float = DEFAULT_HEARTBEAT,
+    insecure: bool = False,
 ) -> Listener:
-    """A :class:`Listener` at ``path``; use it as ``async with listen(path) as l:``.
-    The keywords are :class:`Listener`'s."""
+    """A :class:`Listener` at ``path`` (a Unix socket path, or ``tcp://host:port``);
+    use it as ``async with listen(path) as l:``.  The keywords are :class:`Listener`'s."""
     return Listener(
         path,
         type=type,
@@ -520,6 +580,8 @@ def listen(
         handshake_timeout=handshake_timeout,
         backlog=backlog,
         slots=slots,
+        heartbeat=heartbeat,
+        insecure=insecure,
     )
 
 
@@ -536,6 +598,8 @@ class SyncListener(_ListenerBase):
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         backlog: int = 128,
         slots: SlotConfig | None = DEFAULT_SLOTS,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        insecure: bool = False,
     ) -> None:
         """The keywords are :class:`Listener`'s."""
         super().__init__(
@@ -546,13 +610,25 @@ class SyncListener(_ListenerBase):
             handshake_timeout=handshake_timeout,
             backlog=backlog,
             slots=slots,
+            heartbeat=heartbeat,
+            insecure=insecure,
         )
-        self._sock: socket.socket | None = bind_unix_socket(self.path, self._backlog)
-        sweep()  # names left by dead processes (as Listener)
         self.refused = 0
+        self._sock: socket.socket | None = None
+        if self.tcp:
+            self._open_acceptor()
+            return
+        self._sock = bind_unix_socket(self.path, self._backlog)
+        sweep()  # names left by dead processes (as Listener)
 
     def accept(self, timeout: float | None = None) -> SyncChannel:
         """Wait for the next connection whose handshake succeeds."""
+        if self._acceptor is not None:
+            if self._acceptor.closed:
+                raise ClosedResourceError
+            return SyncChannel(
+                self._endpoint(sync_accept(self._acceptor, timeout, self._refused_one))
+            )
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._sock is None:
@@ -583,7 +659,13 @@ class SyncListener(_ListenerBase):
                 raise
             return SyncChannel(self._endpoint(transport))
 
+    def _refused_one(self, exc: BaseException) -> None:
+        self.refused += 1
+        self._log_refusal(exc)
+
     def close(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.close()
         if self._sock is not None:
             sock, self._sock = self._sock, None
             self._remove_socket(sock)
@@ -595,7 +677,10 @@ class SyncListener(_ListenerBase):
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_sock", None) is not None:
+        acceptor = getattr(self, "_acceptor", None)
+        if getattr(self, "_sock", None) is not None or (
+            acceptor is not None and not acceptor.closed
+        ):
             warnings.warn(
                 f"unclosed ringwire SyncListener at {self.path}", ResourceWarning, stacklevel=1
             )

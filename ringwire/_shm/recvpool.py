@@ -146,7 +146,12 @@ class RecvPool:
 
     def resolve(self, ref: SlotRef | CudaRef) -> Any:
         if not isinstance(ref, SlotRef):
-            return self._resolve_cuda(ref)
+            if isinstance(ref, CudaRef):
+                return self._resolve_cuda(ref)
+            raise DecodeError(
+                f"a {type(ref).__name__} (a reference of another transport) arrived on a "
+                "shared-memory connection"
+            )
         check_ref(self._buf, self.layout, ref)
         slot, gen = ref.slot, ref.generation
         if self.held.get(slot) == gen:

@@ -21,7 +21,7 @@ import msgspec
 from .._errors import DecodeError
 from .dtypes import MAX_NDIM, numpy_dtype_from_wire, torch_dtype_from_wire
 
-__all__ = ["SlotRef", "CudaRef", "DESCRIPTOR_VERSION", "KIND_NUMPY", "KIND_TORCH"]
+__all__ = ["SlotRef", "CudaRef", "NetRef", "DESCRIPTOR_VERSION", "KIND_NUMPY", "KIND_TORCH"]
 
 DESCRIPTOR_VERSION = 1
 KIND_NUMPY = "numpy"
@@ -39,7 +39,7 @@ def _itemsize(kind: str, dtype: str) -> int:
     return int(torch_dtype_from_wire(dtype).itemsize)
 
 
-def _check_nbytes(ref: SlotRef | CudaRef) -> None:
+def _check_nbytes(ref: SlotRef | CudaRef | NetRef) -> None:
     if ref.version != DESCRIPTOR_VERSION:
         raise DecodeError(
             f"{type(ref).__name__} version {ref.version} is not supported "
@@ -117,6 +117,34 @@ class CudaRef(msgspec.Struct, array_like=True, frozen=True):
             )
         if len(self.lease) not in (0, 8):
             raise DecodeError(f"CudaRef lease has {len(self.lease)} bytes (a lease has 8)")
+        return self
+
+
+class NetRef(msgspec.Struct, array_like=True, frozen=True):
+    """Ext 20: an array or tensor that travels beside the record, as frame ``index`` (0
+    is the first frame after the record) of the same network message.
+
+    ``tag`` and ``generation`` name the sender's buffer (the receiver hands them back
+    when its view dies: the release that completes a receipt); ``dtype`` and ``kind``
+    as in :class:`SlotRef`; ``device`` is where the tensor lived on the sender (``""``
+    for the host; a CUDA tensor is staged through host memory and restored on the
+    receiver's device of that index when it has one).
+    """
+
+    version: int
+    tag: _U64
+    generation: _U64
+    index: Annotated[int, msgspec.Meta(ge=0, lt=1 << 16)]
+    nbytes: _U64
+    shape: _Shape
+    dtype: str
+    kind: _Kind
+    device: Annotated[str, msgspec.Meta(max_length=32)] = ""
+
+    def validate(self) -> NetRef:
+        _check_nbytes(self)
+        if self.device and not self.device.startswith("cuda"):
+            raise DecodeError(f"NetRef device {self.device!r} is not a CUDA device")
         return self
 
 

@@ -25,6 +25,9 @@ code   meaning                       payload
 17     ``datetime.timedelta``        msgpack [days, seconds, microseconds]
 18     ``uuid.UUID``                 msgpack bin, the 16 bytes
 19     ``decimal.Decimal``           msgpack str, ``str(value)``
+20     network tensor reference      msgpack :class:`ringwire.NetRef` (versioned): an array
+                                     that travels as a frame of its own beside the record
+                                     (TCP connections, :mod:`ringwire._net`)
 =====  ============================  =====================================================
 
 Codes 6-19 are *typed leaves*: values msgspec would encode as something else (an
@@ -69,6 +72,7 @@ TIME = 16
 TIMEDELTA = 17
 UUID = 18
 DECIMAL = 19
+NET_REF = 20
 
 
 class ExtCode(enum.IntEnum):
@@ -93,3 +97,4 @@ class ExtCode(enum.IntEnum):
     TIMEDELTA = TIMEDELTA
     UUID = UUID
     DECIMAL = DECIMAL
+    NET_REF = NET_REF

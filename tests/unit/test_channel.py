@@ -74,7 +74,21 @@ class Other(msgspec.Struct):
     a: int
 
 
-async def connected_pair(**kw: Any) -> tuple[Channel, Channel]:
+# the tests that drive Channel semantics independent of the transport run over both
+# shared memory and TCP (tcp://127.0.0.1, ringwire._net): ``kind`` selects
+BOTH = pytest.mark.parametrize("kind", ["shm", "tcp"])
+
+
+async def settle(kind: str) -> None:
+    """Until what was sent is visible to the peer (over TCP: delivered)."""
+    await anyio.sleep(0.05 if kind == "tcp" else 0)
+
+
+async def connected_pair(kind: str = "shm", **kw: Any) -> tuple[Channel, Channel]:
+    if kind == "tcp":
+        from support.net import tcp_pair
+
+        return await tcp_pair(**kw)
     a, b = pair(**{k: v for k, v in kw.items() if k == "capacity"})
     opts = {k: v for k, v in kw.items() if k != "capacity"}
     ca = cb = None
@@ -90,7 +104,11 @@ async def connected_pair(**kw: Any) -> tuple[Channel, Channel]:
     return ca, cb
 
 
-def sync_pair(**kw: Any) -> tuple[SyncChannel, SyncChannel]:
+def sync_pair(kind: str = "shm", **kw: Any) -> tuple[SyncChannel, SyncChannel]:
+    if kind == "tcp":
+        from support.net import tcp_sync_pair
+
+        return tcp_sync_pair(**kw)
     a, b = pair(**{k: v for k, v in kw.items() if k == "capacity"})
     opts = {k: v for k, v in kw.items() if k != "capacity"}
     out: list[SyncChannel] = []
@@ -125,9 +143,10 @@ async def test_pair_duplex_and_names_gone():
         assert "open" in repr(a)
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_request_response_concurrent_tasks():
-    a, b = await connected_pair(capacity=SMALL, spin_us=0)
+async def test_request_response_concurrent_tasks(kind):
+    a, b = await connected_pair(kind, capacity=SMALL, spin_us=0)
     async with a, b:
 
         async def server() -> None:
@@ -147,9 +166,10 @@ async def test_request_response_concurrent_tasks():
                 await a.send(1)  # after send_eof
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_ordering_wraparound_and_backpressure():
-    a, b = await connected_pair(capacity=SMALL, spin_us=0)
+async def test_ordering_wraparound_and_backpressure(kind):
+    a, b = await connected_pair(kind, capacity=SMALL, spin_us=0)
     n = 2000
     async with a, b:
 
@@ -167,9 +187,10 @@ async def test_ordering_wraparound_and_backpressure():
         assert a.statistics().send_parks > 0
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_many_tasks_on_one_channel_lose_no_wakeup():
-    a, b = await connected_pair(capacity=SMALL, spin_us=0)
+async def test_many_tasks_on_one_channel_lose_no_wakeup(kind):
+    a, b = await connected_pair(kind, capacity=SMALL, spin_us=0)
     rng = random.Random(5)
     n = 600
     got: list[int] = []
@@ -201,9 +222,10 @@ async def test_many_tasks_on_one_channel_lose_no_wakeup():
     assert sorted(got) == list(range(n))
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_batches():
-    a, b = await connected_pair(capacity=SMALL)
+async def test_batches(kind):
+    a, b = await connected_pair(kind, capacity=SMALL)
     async with a, b:
         items = [{"n": i} for i in range(1000)]  # far more than the ring holds
 
@@ -226,16 +248,17 @@ async def test_batches():
             b.receive_many_nowait()
         await a.send_many([])
         await a.send_many([1, 2, 3])
-        await anyio.sleep(0)
+        await settle(kind)
         assert b.receive_many_nowait(2) == [1, 2]
         assert await b.receive_many() == [3]
         with pytest.raises(ValueError):
             await b.receive_many(0)
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_typed_receive():
-    a, b = await connected_pair(type=Point)
+async def test_typed_receive(kind):
+    a, b = await connected_pair(kind, type=Point)
     async with a, b:
         await a.send(Point(x=1, y=2.5, tag="p"))
         got = await b.receive()
@@ -247,10 +270,10 @@ async def test_typed_receive():
     a, b = await connected_pair()
     async with a, b:
         await a.send_many([Point(x=i, y=0.0) for i in range(3)])
-        await anyio.sleep(0)
+        await settle(kind)
         assert b.receive_many_nowait(type=Point) == [Point(x=i, y=0.0) for i in range(3)]
         await a.send("not a point")
-        await anyio.sleep(0)
+        await settle(kind)
         with pytest.raises(DecodeError):
             b.receive_nowait(type=Point)
         # the bad record was consumed; the connection goes on
@@ -258,21 +281,23 @@ async def test_typed_receive():
         assert await b.receive(type=Point) == Point(x=9, y=9.0)
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_receive_many_stops_before_bad_record():
-    a, b = await connected_pair()
+async def test_receive_many_stops_before_bad_record(kind):
+    a, b = await connected_pair(kind)
     async with a, b:
         await a.send_many([1, 2, "three", 4])
-        await anyio.sleep(0)
+        await settle(kind)
         assert b.receive_many_nowait(type=int) == [1, 2]
         with pytest.raises(DecodeError):
             b.receive_many_nowait(type=int)
         assert b.receive_many_nowait(type=int) == [4]
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_nowait():
-    a, b = await connected_pair(capacity=SMALL)
+async def test_nowait(kind):
+    a, b = await connected_pair(kind, capacity=SMALL)
     async with a, b:
         with pytest.raises(WouldBlock):
             b.receive_nowait()
@@ -283,6 +308,7 @@ async def test_nowait():
                 n += 1
         assert 0 < n <= SMALL // 104
         assert a.statistics().send_fill > SMALL - 200
+        await settle(kind)
         for _ in range(n):
             assert b.receive_nowait() == b"x" * 100
         a.send_nowait(1)
@@ -302,9 +328,10 @@ async def test_too_large_record_points_to_slots():
             b.receive_nowait()  # nothing of the refused batch was sent
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_clean_close_is_end_of_stream():
-    a, b = await connected_pair()
+async def test_clean_close_is_end_of_stream(kind):
+    a, b = await connected_pair(kind)
     for i in range(5):
         await a.send(i)
     await a.aclose()
@@ -324,9 +351,10 @@ async def test_clean_close_is_end_of_stream():
     assert "closed" in repr(b)
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_close_wakes_waiting_tasks():
-    a, b = await connected_pair(spin_us=0)
+async def test_close_wakes_waiting_tasks(kind):
+    a, b = await connected_pair(kind, spin_us=0)
     errors: list[BaseException] = []
 
     async def waiter() -> None:
@@ -346,9 +374,10 @@ async def test_close_wakes_waiting_tasks():
     await a.aclose()
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_peer_close_wakes_sender_and_receiver():
-    a, b = await connected_pair(capacity=SMALL, spin_us=0)
+async def test_peer_close_wakes_sender_and_receiver(kind):
+    a, b = await connected_pair(kind, capacity=SMALL, spin_us=0)
     errors: list[BaseException] = []
 
     async def blocked_send() -> None:
@@ -373,9 +402,10 @@ async def test_peer_close_wakes_sender_and_receiver():
     await a.aclose()
 
 
+@BOTH
 @pytest.mark.anyio
-async def test_cancelled_send_writes_nothing():
-    a, b = await connected_pair(capacity=SMALL, spin_us=0)
+async def test_cancelled_send_writes_nothing(kind):
+    a, b = await connected_pair(kind, capacity=SMALL, spin_us=0)
     async with a, b:
         n = 0
         while True:
@@ -387,6 +417,7 @@ async def test_cancelled_send_writes_nothing():
         with anyio.move_on_after(0.05) as scope:
             await a.send("late")
         assert scope.cancelled_caught
+        await settle(kind)
         got = []
         while True:
             try:
@@ -703,8 +734,9 @@ async def test_connect_errors(tmp_path):
 # ======================================================================================
 
 
-def test_sync_pair_roundtrip_and_timeouts():
-    a, b = sync_pair(capacity=SMALL, spin_us=0)
+@BOTH
+def test_sync_pair_roundtrip_and_timeouts(kind):
+    a, b = sync_pair(kind, capacity=SMALL, spin_us=0)
     with a, b:
         a.send({"k": 1})
         assert b.receive(timeout=1) == {"k": 1}
@@ -729,11 +761,12 @@ def test_sync_pair_roundtrip_and_timeouts():
         with pytest.raises(EndOfStream):
             b.receive()
         b.send("back")
-        assert a.receive_nowait() == "back"
+        assert (a.receive(timeout=1) if kind == "tcp" else a.receive_nowait()) == "back"
 
 
-def test_sync_threads_and_close_from_another_thread():
-    a, b = sync_pair(spin_us=0)
+@BOTH
+def test_sync_threads_and_close_from_another_thread(kind):
+    a, b = sync_pair(kind, spin_us=0)
     box: list[BaseException] = []
 
     def blocked() -> None:
@@ -757,8 +790,9 @@ def test_sync_threads_and_close_from_another_thread():
         a.receive()
 
 
-def test_sync_many_threads_one_channel():
-    a, b = sync_pair(capacity=SMALL, spin_us=5)
+@BOTH
+def test_sync_many_threads_one_channel(kind):
+    a, b = sync_pair(kind, capacity=SMALL, spin_us=5)
     n, threads = 500, 4
     with a, b:
 

@@ -30,6 +30,7 @@ from ringwire import (
     EncodeError,
     Encoder,
     ExtCode,
+    NetRef,
     Record,
     RingwireError,
     SGLangRecord,
@@ -152,7 +153,27 @@ GOLDEN = [
     ),
     pytest.param(uuid.UUID(int=1), "c71212c410" + "00" * 15 + "01", id="ext18-uuid"),
     pytest.param(decimal.Decimal("1.5"), "d613a3312e35", id="ext19-decimal"),
+    # Ext 20: [version 1, tag 7, generation 2, frame 0, 8 bytes, shape [2], "<f4", "numpy", ""]
+    pytest.param(
+        NetRef(1, 7, 2, 0, 8, (2,), "<f4", "numpy"),
+        "c713149901070200089102a33c6634a56e756d7079a0",
+        id="ext20-netref",
+    ),
 ]
+
+
+@pytest.mark.parametrize(
+    ("ref", "match"),
+    [
+        (NetRef(1, 7, 2, 0, 9, (2,), "<f4", "numpy"), "needs 8"),
+        (NetRef(2, 7, 2, 0, 8, (2,), "<f4", "numpy"), "version 2"),
+        (NetRef(1, 7, 2, 0, 8, (2,), "<f4", "numpy", "mps:0"), "not a CUDA device"),
+        (NetRef(1, 7, 2, 0, 16, (2,), "|O", "numpy"), "not an allowed dtype"),
+    ],
+)
+def test_netref_is_checked(ref: NetRef, match: str) -> None:
+    with pytest.raises(DecodeError, match=match):
+        dec.decode(enc.encode(ref))
 
 
 def test_cudaref_without_pool_handle_decodes() -> None:
@@ -219,6 +240,7 @@ def test_ext_code_table_is_stable() -> None:
         "TIMEDELTA": 17,
         "UUID": 18,
         "DECIMAL": 19,
+        "NET_REF": 20,
     }
 
 

@@ -13,7 +13,8 @@ PKG = ROOT / "ringwire"
 ALLOWED = {
     "_wire": set(),
     "_shm": {"_wire"},
-    "_conn": {"_wire", "_shm"},
+    "_net": {"_wire", "_shm"},  # the TCP transport, beside _shm
+    "_conn": {"_wire", "_shm", "_net"},
 }
 OS_MODULES = {"socket", "select", "mmap", "posix_ipc", "selectors", "asyncio", "anyio"}
 MAX_LINES = 800

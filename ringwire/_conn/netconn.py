@@ -1,0 +1,202 @@
+"""``tcp://`` addresses: connecting and accepting over :mod:`ringwire._net`.
+
+:func:`ringwire.connect`, :func:`ringwire.connect_sync`, :class:`ringwire.Listener` and
+:class:`ringwire.SyncListener` route a ``tcp://host:port`` address here; the channels
+they return are the same :class:`Channel` / :class:`SyncChannel` over a
+:class:`~ringwire._net.transport.NetTransport`.  pyzmq is imported on first use; without
+it a ``tcp://`` address raises ``ModuleNotFoundError`` saying what to install.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+__all__ = [
+    "DEFAULT_HEARTBEAT",
+    "accept_loop",
+    "check_heartbeat",
+    "drive_async",
+    "drive_sync",
+    "load",
+    "open_acceptor",
+    "sync_accept",
+]
+
+DEFAULT_HEARTBEAT = 3.0  # (ringwire._net.transport.DEFAULT_HEARTBEAT, without pyzmq)
+
+
+def load() -> Any:
+    """The :mod:`ringwire._net.handshake` module (imports pyzmq)."""
+    try:
+        from .._net import handshake
+    except ModuleNotFoundError as exc:
+        if exc.name != "zmq":
+            raise
+        raise ModuleNotFoundError(
+            "tcp:// addresses need pyzmq: pip install 'ringwire[net]'", name="zmq"
+        ) from exc
+    return handshake
+
+
+def check_heartbeat(heartbeat: float) -> None:
+    if (
+        isinstance(heartbeat, bool)
+        or not isinstance(heartbeat, (int, float))
+        or not 0.1 <= heartbeat <= 3600
+    ):
+        raise ValueError(
+            f"heartbeat must be a number of seconds from 0.1 to 3600, not {heartbeat!r}"
+        )
+
+
+def _wait_ms(until: float) -> int:
+    return max(0, int((until - time.monotonic()) * 1000) + 1)
+
+
+def drive_sync(gen: Any) -> Any:
+    """Run a handshake generator (see :mod:`ringwire._net.handshake`), blocking."""
+    try:
+        sock, until = next(gen)
+        while True:
+            sock.poll(_wait_ms(until))
+            sock, until = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        gen.close()
+
+
+async def drive_async(gen: Any) -> Any:
+    """Run a handshake generator on the event loop (cancellable).  It waits on an
+    epoll descriptor over the ZeroMQ socket's, never on ZeroMQ's own: libuv (uvloop)
+    must not poll a descriptor that libzmq reads."""
+    import zmq
+
+    ep = select.epoll()
+    fd = -1
+    try:
+        sock, until = next(gen)
+        while True:
+            new = int(sock.getsockopt(zmq.FD))
+            if new != fd:
+                if fd >= 0:
+                    ep.unregister(fd)
+                ep.register(new, select.EPOLLIN)
+                fd = new
+            with anyio.move_on_after(max(0.0, until - time.monotonic())):
+                await anyio.wait_readable(ep.fileno())
+            sock, until = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        gen.close()
+        ep.close()
+
+
+def connect_transport(
+    url: str,
+    *,
+    capacity: int,
+    slots: Any,
+    heartbeat: float,
+    timeout: float,
+) -> tuple[Any, Any]:
+    """The handshake generator for a client of ``url``, after checking and resolving
+    the address (``ValueError`` / ``OSError`` naming it)."""
+    hs = load()
+    addr = hs.resolve(hs.parse_address(url))
+    gen = hs.client_handshake(
+        url,
+        addr,
+        capacity=capacity,
+        slots=slots,
+        heartbeat=heartbeat,
+        deadline=time.monotonic() + timeout,
+    )
+    return hs, gen
+
+
+def open_acceptor(
+    url: str,
+    *,
+    max_capacity: int,
+    slots: Any,
+    heartbeat: float,
+    handshake_timeout: float,
+    insecure: bool,
+) -> Any:
+    """Bind the rendezvous at ``url``.  A non-loopback address needs ``insecure=True``
+    (ringwire does not authenticate TCP peers yet).  Raises ``ValueError`` /
+    ``OSError`` naming the address."""
+    hs = check_bind(url, insecure)
+    return hs.NetAcceptor(
+        url,
+        max_capacity=max_capacity,
+        slots=slots,
+        heartbeat=heartbeat,
+        handshake_timeout=handshake_timeout,
+        capacity_default=1 << 20,
+    )
+
+
+def check_bind(url: str, insecure: bool) -> Any:
+    """Refuse a bad or (without ``insecure``) non-loopback ``url`` before anything is
+    made; returns the handshake module."""
+    hs = load()
+    addr = hs.parse_address(url, bind=True)
+    if not addr.is_loopback() and not insecure:
+        raise ValueError(
+            f"refusing to listen at {url}: a non-loopback TCP address is reachable by "
+            "anyone on the network and ringwire does not authenticate TCP peers yet; "
+            "bind 127.0.0.1, or pass insecure=True on a network you trust"
+        )
+    return hs
+
+
+async def accept_loop(
+    acceptor: Any, adopt: Callable[[Any], Any], refuse: Callable[[BaseException], None]
+) -> None:
+    """Accept on ``acceptor`` until it closes: ``adopt(transport)`` (which starts a
+    task) for each finished handshake, ``refuse(exc)`` for each refusal."""
+    while not acceptor.closed:
+        done, refused = acceptor.step()
+        for exc in refused:
+            refuse(exc)
+        for t in done:
+            adopt(t)
+        until = acceptor.next_deadline()
+        try:
+            with anyio.move_on_after(1.0 if until is None else max(0.0, until - time.monotonic())):
+                await anyio.wait_readable(acceptor.fileno())
+        except (anyio.ClosedResourceError, OSError, ValueError):
+            return
+
+
+def sync_accept(
+    acceptor: Any, timeout: float | None, refuse: Callable[[BaseException], None]
+) -> Any:
+    """The next transport whose handshake finished (``TimeoutError`` after
+    ``timeout``); refusals go to ``refuse``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(acceptor.fileno(), select.POLLIN)
+    while True:
+        if acceptor.backlog:
+            return acceptor.backlog.pop(0)
+        done, refused = acceptor.step()
+        for exc in refused:
+            refuse(exc)
+        if done:
+            acceptor.backlog.extend(done)
+            continue
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise TimeoutError("no connection before the timeout")
+        limits = [x for x in (deadline, acceptor.next_deadline()) if x is not None]
+        ms = -1 if not limits else max(1, int((min(limits) - now) * 1000) + 1)
+        poller.poll(ms)

@@ -1,0 +1,439 @@
+"""Connecting and accepting over TCP: addresses, the rendezvous, the attach.
+
+A listener binds one ZeroMQ ``ROUTER`` socket at its address (the *rendezvous*).  A
+client connects a ``DEALER`` there and sends a :class:`Hello` (protocol version, a
+random session id, its lane capacity and send budget, pid, host name).  The listener
+answers with a :class:`Welcome` -- the port of a ``PAIR`` socket it just bound for
+this connection alone, and a random token -- or a :class:`Refuse` with the reason.
+The client connects a ``PAIR`` to that port and sends the attach (``H`` + token +
+session id); the listener checks it, notes which TCP connection it came from (its
+monitor then names that one's hang-up) and answers ``K``.  The connection's identity
+is that session: a peer that comes back is a new connection (nothing reconnects).
+
+:func:`parse_address` validates a ``tcp://host:port`` address; a client resolves the
+host first, so a bad name is an error naming it, and a refused rendezvous is a
+``ConnectionRefusedError`` naming the address, as on one host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import select
+import socket
+import time
+from collections.abc import Generator
+from typing import Any, NamedTuple
+
+import msgspec
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from .._errors import HandshakeError
+from .._shm.slotconfig import SlotConfig
+from .._wire.control import PROTOCOL_VERSION
+from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
+from .transport import NetTransport, close_monitored, configure, context, monitor_of
+
+__all__ = [
+    "Address",
+    "Hello",
+    "NetAcceptor",
+    "Refuse",
+    "Welcome",
+    "client_handshake",
+    "is_tcp",
+    "parse_address",
+]
+
+_MAX_BUDGET = 1 << 40  # the largest send budget a peer may announce (for MAXMSGSIZE)
+
+
+class Address(NamedTuple):
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def is_tcp(path: Any) -> bool:
+    return isinstance(path, str) and path.startswith("tcp://")
+
+
+def parse_address(url: str, *, bind: bool = False) -> Address:
+    """``tcp://host:port`` as an :class:`Address`.  Raises ``ValueError`` naming the
+    address for anything else (``port`` 0 only when binding: any free port)."""
+    if not is_tcp(url):
+        raise ValueError(f"not a TCP address: {url!r} (expected tcp://host:port)")
+    rest = url[len("tcp://") :]
+    host, sep, port_s = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_s.isdigit():
+        raise ValueError(f"bad TCP address {url!r}: expected tcp://host:port")
+    port = int(port_s)
+    if not (0 if bind else 1) <= port <= 65535:
+        raise ValueError(f"bad TCP address {url!r}: port {port} out of range")
+    if host == "*":
+        host = "0.0.0.0"
+    return Address(host, port)
+
+
+def resolve(addr: Address) -> Address:
+    """``addr`` with its host resolved to an IP address; ``OSError`` naming it."""
+    try:
+        infos = socket.getaddrinfo(addr.host, addr.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(exc.errno, f"cannot resolve the host of {addr.url}: {exc.strerror}") from exc
+    return Address(str(infos[0][4][0]), addr.port)
+
+
+# -- messages --------------------------------------------------------------------------
+
+
+class Hello(msgspec.Struct, array_like=True, tag="hello"):
+    version: int
+    session: bytes
+    capacity: int
+    budget: int
+    pid: int
+    host: str
+
+
+class Welcome(msgspec.Struct, array_like=True, tag="welcome"):
+    version: int
+    port: int
+    token: bytes
+    capacity: int
+    budget: int
+    pid: int
+
+
+class Refuse(msgspec.Struct, array_like=True, tag="refuse"):
+    reason: str
+
+
+_decoder = msgspec.msgpack.Decoder(Hello | Welcome | Refuse)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def _decode(data: bytes, what: str) -> Any:
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise HandshakeError(f"malformed {what}: {exc}") from exc
+
+
+def _make_transport(
+    sock: zmq.Socket[Any],
+    mon: zmq.Socket[Any],
+    *,
+    capacity: int,
+    peer_capacity: int,
+    peer_pid: int,
+    peer_fd: int | None,
+    address: str,
+    slots: SlotConfig | None,
+) -> NetTransport:
+    def pools(t: NetTransport) -> tuple[Any, Any, Any]:
+        send = None
+        if slots is not None:
+            send = NetSendPool(slots, t.releases, peer_capacity // 2 - 1024)
+        copy = slots.copy_out if slots is not None else False
+        return send, NetRecvPool(t, copy), NetEncoder()
+
+    return NetTransport(
+        sock,
+        mon,
+        capacity=capacity,
+        peer_capacity=peer_capacity,
+        peer_pid=peer_pid,
+        peer_fd=peer_fd,
+        address=address,
+        pools=pools,
+    )
+
+
+def _budget(slots: SlotConfig | None) -> int:
+    return budget_of(slots) if slots is not None else 0
+
+
+# -- the client ------------------------------------------------------------------------
+
+# A handshake is a generator that yields (socket, deadline): "wait until it is
+# readable"; the sync and async drivers (ringwire._conn.connect) perform the waits.
+Handshake = Generator[tuple[zmq.Socket[Any], float], None, NetTransport]
+
+
+def _recv_ready(sock: zmq.Socket[Any]) -> bool:
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
+def client_handshake(
+    url: str,
+    addr: Address,
+    *,
+    capacity: int,
+    slots: SlotConfig | None,
+    heartbeat: float,
+    deadline: float,
+) -> Handshake:
+    """Connect to the listener at ``addr`` (resolved); see the module docstring.
+    Raises ``ConnectionRefusedError`` / ``TimeoutError`` naming ``url``,
+    :class:`HandshakeError` when the listener refuses or misbehaves."""
+    ctx = context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dmon = dealer.get_monitor_socket(zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED)
+    pair: zmq.Socket[Any] | None = None
+    pmon: zmq.Socket[Any] | None = None
+    done = False
+    try:
+        dealer.connect(addr.url)
+        session = secrets.token_bytes(16)
+        hello = Hello(
+            PROTOCOL_VERSION, session, capacity, _budget(slots), os.getpid(), socket.gethostname()
+        )
+        dealer.send(_encoder.encode(hello))
+        connected = False
+        while not _recv_ready(dealer):
+            while _recv_ready(dmon):
+                ev = parse_monitor_message(dmon.recv_multipart())
+                if ev["event"] == zmq.EVENT_CONNECTED:
+                    connected = True
+                elif ev["event"] == zmq.EVENT_CONNECT_RETRIED and not connected:
+                    raise ConnectionRefusedError(
+                        111,
+                        f"no ringwire listener at {url}: the connection was refused (start "
+                        "the listener first, or check the host and port)",
+                    )
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no answer from a ringwire listener at {url} (timeout)")
+            yield dealer, min(deadline, time.monotonic() + 0.05)
+        reply = _decode(dealer.recv(), "answer from the listener")
+        if isinstance(reply, Refuse):
+            raise HandshakeError(f"the listener at {url} refused the connection: {reply.reason}")
+        if not isinstance(reply, Welcome) or reply.version != PROTOCOL_VERSION:
+            raise HandshakeError(f"the listener at {url} speaks another protocol: {reply!r}")
+        if not 1 <= reply.port <= 65535 or len(reply.token) != 16:
+            raise HandshakeError(f"the listener at {url} sent a bad welcome")
+        pair = ctx.socket(zmq.PAIR)
+        configure(pair, heartbeat, max(capacity, min(reply.budget, _MAX_BUDGET)) + 64)
+        pmon = monitor_of(pair)
+        pair.connect(Address(addr.host, reply.port).url)
+        pair.send_multipart((b"", b"H" + reply.token + session))
+        while not _recv_ready(pair):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the listener at {url} did not answer the attach (timeout)")
+            yield pair, min(deadline, time.monotonic() + 0.05)
+        ok = pair.recv_multipart()
+        if ok != [b"", b"K"]:
+            raise HandshakeError(f"the listener at {url} answered the attach with {ok!r}")
+        t = _make_transport(
+            pair,
+            pmon,
+            capacity=capacity,
+            peer_capacity=reply.capacity,
+            peer_pid=reply.pid,
+            peer_fd=None,
+            address=url,
+            slots=slots,
+        )
+        done = True
+        return t
+    finally:
+        close_monitored(dealer, dmon, 0)
+        if not done and pair is not None and pmon is not None:
+            close_monitored(pair, pmon, 0)
+
+
+# -- the listener ----------------------------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("sock", "mon", "token", "hello", "deadline")
+
+    def __init__(self, sock: Any, mon: Any, token: bytes, hello: Hello, deadline: float):
+        self.sock = sock
+        self.mon = mon
+        self.token = token
+        self.hello = hello
+        self.deadline = deadline
+
+
+class NetAcceptor:
+    """The listening side: the rendezvous socket and the attaches in progress.
+
+    Never blocks: :meth:`step` does what can be done now and returns the transports
+    of connections that finished their handshake, and the refusals (as exceptions);
+    :meth:`waitables` says which sockets to wait on, and until when."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_capacity: int,
+        slots: SlotConfig | None,
+        heartbeat: float,
+        handshake_timeout: float,
+        capacity_default: int,
+    ) -> None:
+        self.url = url
+        addr = parse_address(url, bind=True)
+        self._bind_host = addr.host
+        self._max_capacity = max_capacity
+        self._slots = slots
+        self._heartbeat = heartbeat
+        self._timeout = handshake_timeout
+        self._capacity_default = capacity_default
+        ctx = context()
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
+        try:
+            if addr.port == 0:
+                port = self.router.bind_to_random_port(
+                    f"tcp://{addr.host if ':' not in addr.host else '[' + addr.host + ']'}"
+                )
+            else:
+                self.router.bind(addr.url)
+                port = addr.port
+        except zmq.ZMQError as exc:
+            self.router.close(0)
+            raise OSError(exc.errno, f"cannot listen at {url}: {exc.strerror}") from exc
+        self.address = Address(addr.host, port)
+        self._pending: list[_Pending] = []
+        self.backlog: list[NetTransport] = []  # accepted, not yet handed out (sync)
+        self._ep = select.epoll()
+        self._ep.register(int(self.router.getsockopt(zmq.FD)), select.EPOLLIN)
+        self.closed = False
+
+    def fileno(self) -> int:
+        """Readable when :meth:`step` may have something to do."""
+        return self._ep.fileno()
+
+    def next_deadline(self) -> float | None:
+        """When the earliest attach in progress times out (``None``: none is)."""
+        return min((p.deadline for p in self._pending), default=None)
+
+    def step(self) -> tuple[list[NetTransport], list[BaseException]]:
+        done: list[NetTransport] = []
+        refused: list[BaseException] = []
+        if self.closed:
+            return done, refused
+        while _recv_ready(self.router):
+            try:
+                msg = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(msg) != 2:
+                refused.append(HandshakeError(f"a hello of {len(msg)} frames"))
+                continue
+            try:
+                self._hello(msg[0], msg[1])
+            except HandshakeError as exc:
+                refused.append(exc)
+                self.router.send_multipart((msg[0], _encoder.encode(Refuse(str(exc)))), zmq.NOBLOCK)
+        now = time.monotonic()
+        for p in list(self._pending):
+            try:
+                t = self._attach(p, now)
+            except HandshakeError as exc:
+                refused.append(exc)
+                self._drop(p)
+                continue
+            if t is not None:
+                self._forget(p)
+                done.append(t)
+        return done, refused
+
+    def _hello(self, rid: bytes, data: bytes) -> None:
+        hello = _decode(data, "hello")
+        if not isinstance(hello, Hello):
+            raise HandshakeError(f"expected a hello, got {type(hello).__name__}")
+        if hello.version != PROTOCOL_VERSION:
+            raise HandshakeError(
+                f"protocol version {hello.version}; this listener speaks {PROTOCOL_VERSION}"
+            )
+        if len(hello.session) != 16:
+            raise HandshakeError("a session id must have 16 bytes")
+        cap = hello.capacity
+        if cap < 1024 or cap > self._max_capacity or cap & (cap - 1):
+            raise HandshakeError(
+                f"lane capacity {cap} (a power of two from 1 KiB to {self._max_capacity})"
+            )
+        if not 0 <= hello.budget <= _MAX_BUDGET:
+            raise HandshakeError(f"a send budget of {hello.budget} bytes")
+        ctx = context()
+        sock = ctx.socket(zmq.PAIR)
+        configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
+        mon = monitor_of(sock)
+        host = self._bind_host if ":" not in self._bind_host else f"[{self._bind_host}]"
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        token = secrets.token_bytes(16)
+        p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout)
+        self._pending.append(p)
+        self._ep.register(int(sock.getsockopt(zmq.FD)), select.EPOLLIN)
+        welcome = Welcome(PROTOCOL_VERSION, port, token, cap, _budget(self._slots), os.getpid())
+        self.router.send_multipart((rid, _encoder.encode(welcome)), zmq.NOBLOCK)
+
+    def _attach(self, p: _Pending, now: float) -> NetTransport | None:
+        sock = p.sock
+        if not _recv_ready(sock):
+            if now >= p.deadline:
+                raise HandshakeError(
+                    f"client pid {p.hello.pid} on {p.hello.host!r} did not attach within "
+                    f"{self._timeout} s"
+                )
+            return None
+        first = sock.recv(zmq.NOBLOCK, copy=False)
+        fd = int(first.get(zmq.SRCFD))
+        rest = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
+        if first.bytes != b"" or rest != [b"H" + p.token + p.hello.session]:
+            raise HandshakeError(
+                f"a bad attach on the port given to pid {p.hello.pid} on {p.hello.host!r}"
+            )
+        sock.send_multipart((b"", b"K"), zmq.NOBLOCK)
+        host = f"{p.hello.host} pid {p.hello.pid}"
+        return _make_transport(
+            sock,
+            p.mon,
+            capacity=p.hello.capacity,
+            peer_capacity=p.hello.capacity,
+            peer_pid=p.hello.pid,
+            peer_fd=fd,
+            address=f"{self.url} <- {host}",
+            slots=self._slots,
+        )
+
+    def _forget(self, p: _Pending) -> None:
+        if p in self._pending:
+            self._pending.remove(p)
+            self._ep.unregister(int(p.sock.getsockopt(zmq.FD)))
+
+    def _drop(self, p: _Pending) -> None:
+        self._forget(p)
+        close_monitored(p.sock, p.mon, 0)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            for p in list(self._pending):
+                self._drop(p)
+            self.router.close(0)
+            self._ep.close()
+            for t in self.backlog:
+                t.close()
+            self.backlog.clear()

@@ -1,0 +1,657 @@
+"""The TCP transport: one ZeroMQ ``PAIR`` socket per connection.
+
+Messages
+--------
+Every ZeroMQ message on the socket is either a **record** -- ``[payload, *arrays]``:
+the msgpack record (never empty) and, after it, one frame per array it carries beside
+itself (referenced from the record by Ext 20, see :mod:`.pools`) -- or a **control**
+message ``[b"", body]`` whose first byte says what it is:
+
+=====  ====================  ===========================================================
+byte   body                  meaning
+=====  ====================  ===========================================================
+``C``  u64 big-endian        the reader has consumed this many record bytes in all
+                             (credit: the writer may have ``capacity`` bytes in flight;
+                             a record counts its payload + 4, as a ring frame)
+``R``  n x (u64, u64)        releases: the receiver's views of these arrays died
+``E``                        the writer closed (``EndOfStream`` after the records)
+``X``                        the reader closed (the writer's sends fail)
+``A``  UTF-8 reason          the peer drops the connection, and says why
+``B``                        bye: the peer closes the socket now
+``H``  token, session id     the client's attach (handshake only, :mod:`.handshake`)
+``K``                        the server's answer to the attach
+=====  ====================  ===========================================================
+
+Anything else -- an unknown control byte, a credit that goes backwards or past what
+was sent, records past the credit, a record after ``E`` -- is a
+:class:`~ringwire.ProtocolError`: that connection breaks, nothing else.
+
+Waiting
+-------
+The drivers wait on :meth:`NetTransport.fileno`, an ``epoll`` descriptor (level
+triggered) over three others: the ZeroMQ socket's ``FD``, its monitor socket's ``FD``
+and an ``eventfd`` of our own.  ZeroMQ's ``FD`` only says "look at ``EVENTS``": an
+operation on the socket (a send, say) may consume its signal while a message waits.
+So every operation checks ``EVENTS`` afterwards and, if a message waits, writes the
+eventfd; :meth:`NetTransport.drain` reads it and pulls every waiting message into the
+reader's inbox.  Finalizers that cannot send a release now (the socket lock is busy)
+write it too.
+
+Liveness
+--------
+ZeroMQ reconnects silently; this transport never does (``RECONNECT_IVL = -1``): the
+monitor's ``DISCONNECTED`` for this connection's descriptor, a ``B`` or an ``A`` is the
+hang-up.  A killed peer on a live network is seen at once (the kernel resets the
+connection); a silent one (a partition, a frozen host) after ``heartbeat`` seconds of
+ZeroMQ heartbeats (``ZMQ_HEARTBEAT_IVL`` / ``_TIMEOUT`` / ``_TTL``).  One socket lock
+serialises every ZeroMQ call (ZeroMQ sockets are not thread-safe; a blocking channel
+sends and receives from two threads).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from .._errors import FrameTooLarge, ProtocolError
+from .._wire.control import PROTOCOL_VERSION
+
+__all__ = [
+    "DEFAULT_HEARTBEAT",
+    "NetReader",
+    "NetTransport",
+    "NetWriter",
+    "close_monitored",
+    "configure",
+    "context",
+    "monitor_of",
+    "reap",
+    "retire",
+]
+
+DEFAULT_HEARTBEAT = 3.0
+"""Seconds without a sign of life after which a silent peer is declared gone."""
+LINGER_MS = 2000  # a closed socket keeps sending what was queued this long at most
+_MAX_REASON = 2000
+_Q = struct.Struct(">Q")
+_HEADER = 4  # bytes a record counts beyond its payload (as a ring frame's header)
+
+_ctx: zmq.Context[Any] | None = None
+_ctx_pid = 0
+
+
+def context() -> zmq.Context[Any]:
+    """This process's ZeroMQ context (a fresh one in a forked child); at exit it
+    flushes what closed sockets still queue, for at most :data:`LINGER_MS`."""
+    global _ctx, _ctx_pid
+    if _graveyard and _ctx_pid == os.getpid():
+        reap()
+    if _ctx is None or _ctx_pid != os.getpid() or _ctx.closed:
+        _ctx = zmq.Context()
+        _ctx_pid = os.getpid()
+        _graveyard.clear()  # (a forked child's copies belong to the parent)
+        atexit.register(_at_exit, _ctx, _ctx_pid)
+    return _ctx
+
+
+def _at_exit(ctx: zmq.Context[Any], pid: int) -> None:
+    if pid == os.getpid() and not ctx.closed:
+        reap(everything=True)
+        ctx.destroy(linger=LINGER_MS)
+
+
+def configure(sock: zmq.Socket[Any], heartbeat: float, max_message: int) -> None:
+    """Options of a connection socket: no reconnection, heartbeats, no high-water mark
+    (ringwire bounds what is in flight itself), a largest message."""
+    ms = max(100, int(heartbeat * 1000))
+    ms -= ms % 100  # HEARTBEAT_TTL counts tenths of a second
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, max(50, ms // 4))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ms)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, min(ms, 6553500))
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message)
+
+
+_GONE_EVENTS = (
+    zmq.EVENT_DISCONNECTED,
+    zmq.EVENT_CLOSED,
+    zmq.EVENT_MONITOR_STOPPED,
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+)
+
+
+class NetWriter:
+    """The sending lane: credit-bounded (see :class:`~ringwire._conn.transport.FrameWriter`)."""
+
+    def __init__(self, t: NetTransport, capacity: int) -> None:
+        self._t = t
+        self.capacity = capacity
+        self.max_payload = capacity // 2 - 4
+        self.sent = 0  # record bytes sent
+        self.acked = 0  # record bytes the reader consumed (its last credit)
+        self.reader_closed_flag = False
+        self._closed = False
+
+    def check_size(self, n: int) -> None:
+        if n > self.max_payload:
+            raise FrameTooLarge(
+                f"a {n}-byte record does not fit a TCP lane of {self.capacity} bytes (at "
+                f"most {self.max_payload} bytes per record; arrays of at least the slot "
+                "threshold travel beside the record): raise capacity="
+            )
+
+    def fits_now(self, n: int) -> bool:
+        return self.sent - self.acked + n + _HEADER <= self.capacity
+
+    def try_write(self, payload: Any) -> bool | None:
+        if self.reader_closed_flag:
+            return None
+        n = len(payload)
+        if n > self.max_payload:
+            self.check_size(n)
+        if self.sent - self.acked + n + _HEADER > self.capacity:
+            return False
+        self._t.send_record(payload, getattr(payload, "frames", None))
+        self.sent += n + _HEADER
+        return True
+
+    def write_many(self, payloads: Sequence[Any], start: int = 0) -> tuple[int, int]:
+        count = nbytes = 0
+        for i in range(start, len(payloads)):
+            if not self.try_write(payloads[i]):
+                break
+            count += 1
+            nbytes += len(payloads[i])
+        return count, nbytes
+
+    def used(self) -> int:
+        return self.sent - self.acked
+
+    @property
+    def reader_closed(self) -> bool:
+        return self.reader_closed_flag
+
+    def reader_needs_doorbell(self) -> bool:
+        return False  # the record itself wakes the reader
+
+    def reader_wants_doorbell_for_close(self) -> bool:
+        return False  # close() sends the E message itself
+
+    def park(self) -> None:
+        pass
+
+    def unpark(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._t.send_control(b"E")
+
+    def release(self) -> None:
+        pass
+
+
+class NetReader:
+    """The receiving lane: an inbox of received records (see
+    :class:`~ringwire._conn.transport.FrameReader`).  ``current`` holds the array
+    frames of the record handed out last, for the pool's resolver."""
+
+    def __init__(self, t: NetTransport, capacity: int) -> None:
+        self._t = t
+        self.capacity = capacity
+        self.inbox: deque[tuple[bytes, list[Any]]] = deque()
+        self.inbox_bytes = 0
+        self.current: list[Any] = []
+        self._taken = 0
+        self.consumed = 0
+        self._credited = 0
+        self.writer_closed_flag = False
+        self._closed = False
+
+    @property
+    def pending(self) -> bool:
+        return self._taken > 0
+
+    def next_frame(self) -> memoryview | None:
+        if self._taken >= len(self.inbox):
+            self._t.pump()
+            if self._taken >= len(self.inbox):
+                return None
+        first, parts = self.inbox[self._taken]
+        self._taken += 1
+        self.current = parts
+        self._t.on_frame(parts)
+        return memoryview(first)
+
+    def read_many(self, fn: Callable[[memoryview], Any], max_n: int, out: list[Any]) -> int:
+        nbytes = k = 0
+        while k < max_n:
+            view = self.next_frame()
+            if view is None:
+                break
+            n = len(view)
+            try:
+                obj = fn(view)
+            except Exception:
+                if k:
+                    self._taken -= 1  # the batch ends before it: unread
+                    break
+                raise
+            finally:
+                view.release()
+            out.append(obj)
+            nbytes += n
+            k += 1
+        return nbytes
+
+    def commit(self) -> None:
+        inbox = self.inbox
+        n = 0
+        for _ in range(self._taken):
+            n += len(inbox.popleft()[0]) + _HEADER
+        self._taken = 0
+        self.current = []
+        self.inbox_bytes -= n
+        self.consumed += n
+        if self.consumed - self._credited >= self.capacity // 4 and not self._closed:
+            self._credited = self.consumed
+            self._t.send_control(b"C" + _Q.pack(self.consumed))
+
+    def available(self) -> bool:
+        if self._taken < len(self.inbox):
+            return True
+        self._t.pump()
+        return self._taken < len(self.inbox)
+
+    def fill(self) -> int:
+        return self.inbox_bytes
+
+    @property
+    def writer_closed(self) -> bool:
+        return self.writer_closed_flag
+
+    def writer_needs_doorbell(self) -> bool:
+        return False  # commit() sends the credit itself
+
+    def park(self) -> None:
+        pass
+
+    def unpark(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._t.send_control(b"X")
+
+    def release(self) -> None:
+        self.inbox.clear()
+        self.current = []
+
+
+class NetTransport:
+    """One end of a TCP connection (see the module docstring).
+
+    ``sock`` is the connected ``PAIR`` socket and ``monitor`` its monitor socket;
+    ``peer_fd`` the descriptor of the peer's connection on a bound socket (its
+    monitor events name it; ``None``: the socket has only ever had one connection).
+    ``pools`` makes ``(send_pool, recv_pool, encoder)`` for this transport."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket[Any],
+        monitor: zmq.Socket[Any],
+        *,
+        capacity: int,
+        peer_capacity: int,
+        peer_pid: int,
+        peer_fd: int | None,
+        address: str,
+        pools: Callable[[NetTransport], tuple[Any, Any, Any]],
+    ) -> None:
+        self._sock = sock
+        self._mon = monitor
+        self._peer_fd = peer_fd
+        self.address = address
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._efd = self._wake_r.fileno()
+        self._ep = select.epoll()
+        for fd in (int(sock.getsockopt(zmq.FD)), int(monitor.getsockopt(zmq.FD)), self._efd):
+            self._ep.register(fd, select.EPOLLIN)
+        self.tx = NetWriter(self, peer_capacity)
+        self.rx = NetReader(self, capacity)
+        self.peer_pid = peer_pid
+        self.version = PROTOCOL_VERSION
+        self.doorbells_sent = self.doorbells_received = 0
+        self.gone = False  # the peer hung up (or we shut down)
+        self._reason: str | None = None
+        self._error: ProtocolError | None = None
+        self._closed = False
+        self.releases: deque[tuple[int, int]] = deque()  # from the peer, for the send pool
+        self._news = False  # a pump outside drain() changed state: ring the eventfd
+        self.on_frame: Callable[[list[Any]], None] = _ignore
+        self.send_pool, self.recv_pool, self.encoder = pools(self)
+        # read the monitor (and the socket) once now: libzmq signals a socket's FD for
+        # a new message only after a read found its pipe empty
+        with self._lock:
+            self._pump_locked()
+            self._pump_monitor()
+        if self.rx.inbox or self._news:
+            self._ring_self()
+
+    def __repr__(self) -> str:
+        return f"<NetTransport {self.address}{' gone' if self.gone else ''}>"
+
+    # -- sending ----------------------------------------------------------------------
+
+    def send_record(self, payload: Any, frames: Sequence[Any] | None) -> None:
+        sock = self._sock
+        with self._lock:
+            if self.gone or self._closed:
+                return  # into the void, as a ring write to a dead peer: drain() tells
+            try:
+                if frames:
+                    sock.send(payload, zmq.SNDMORE | zmq.NOBLOCK)
+                    last = len(frames) - 1
+                    for i, f in enumerate(frames):
+                        flags = zmq.NOBLOCK if i == last else zmq.SNDMORE | zmq.NOBLOCK
+                        sock.send(f, flags, copy=False)
+                else:
+                    sock.send(payload, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                self.gone = True  # no peer any more (PAIR without a pipe)
+            self._after_op()
+
+    def send_control(self, body: bytes, *, wait: bool = True) -> bool:
+        """Send one control message; ``wait=False`` (a finalizer): only if the socket
+        lock is free now (``False`` otherwise, and the eventfd is rung so that a
+        driver's drain retries soon)."""
+        if not self._lock.acquire(wait):
+            self._ring_self()
+            return False
+        try:
+            if self.gone or self._closed:
+                return True
+            try:
+                self._sock.send_multipart((b"", body), zmq.NOBLOCK)
+                self.doorbells_sent += 1
+            except zmq.ZMQError:
+                self.gone = True
+            self._after_op()
+            return True
+        finally:
+            self._lock.release()
+
+    def _after_op(self) -> None:
+        # an operation may have consumed the FD's signal while a message waits
+        try:
+            if int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                self._ring_self()
+        except zmq.ZMQError:
+            self.gone = True
+
+    def _ring_self(self) -> None:
+        efd = self._efd
+        if efd < 0:
+            return  # closed (its number may be another descriptor's by now)
+        try:
+            self._wake_w.send(b"w")
+        except OSError:
+            pass  # the counter is full: readable anyway
+
+    # -- receiving --------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Pull every waiting message (records into the inbox, control messages
+        handled); never waits.  A control message or a hang-up found here (not in
+        :meth:`drain`) rings the eventfd: another waiter of this endpoint -- a sender
+        waiting for credit, a receiver waiting for the end -- must wake for it."""
+        with self._lock:
+            self._pump_locked()
+            if self._news:
+                self._news = False
+                self._ring_self()
+
+    def _pump_locked(self) -> None:
+        if self._closed:
+            return
+        sock = self._sock
+        rx = self.rx
+        while True:
+            try:
+                first = sock.recv(zmq.NOBLOCK)
+                parts = []
+                while sock.getsockopt(zmq.RCVMORE):
+                    parts.append(sock.recv(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                break
+            except zmq.ZMQError:
+                self.gone = True
+                break
+            if self._error is not None:
+                continue  # broken: the endpoint is told at its drain()
+            if first:
+                if rx.writer_closed_flag:
+                    self._fail("a record arrived after the peer's end of stream")
+                    continue
+                rx.inbox.append((first, parts))
+                rx.inbox_bytes += len(first) + _HEADER
+                if rx.inbox_bytes > rx.capacity:
+                    self._fail(
+                        f"the peer sent {rx.inbox_bytes} record bytes, more than the lane's "
+                        f"credit of {rx.capacity}"
+                    )
+            elif len(parts) != 1:
+                self._fail(f"a control message of {len(parts) + 1} frames")
+            else:
+                self._control(parts[0].bytes)
+
+    def _fail(self, what: str) -> None:
+        if self._error is None:
+            self._error = ProtocolError(f"garbage from {self.address}: {what}")
+            self._ring_self()
+
+    def _control(self, body: bytes) -> None:
+        self.doorbells_received += 1
+        self._news = True
+        kind, rest = body[:1], body[1:]
+        if kind == b"C":
+            if len(rest) != 8:
+                return self._fail(f"a credit of {len(rest)} bytes")
+            (n,) = _Q.unpack(rest)
+            tx = self.tx
+            if n < tx.acked or n > tx.sent:
+                return self._fail(f"a credit of {n} bytes (sent {tx.sent}, credited {tx.acked})")
+            tx.acked = n
+        elif kind == b"R":
+            if not rest or len(rest) % 16:
+                return self._fail(f"a release message of {len(rest)} bytes")
+            vals = struct.unpack(f">{len(rest) // 8}Q", rest)
+            self.releases.extend(zip(vals[::2], vals[1::2]))
+        elif kind == b"E":
+            self.rx.writer_closed_flag = True
+        elif kind == b"X":
+            self.tx.reader_closed_flag = True
+        elif kind == b"A":
+            self._reason = rest[:_MAX_REASON].decode("utf-8", "replace") or "no reason given"
+        elif kind == b"B":
+            self.gone = True
+        else:
+            self._fail(f"an unknown control message {kind!r}")
+        return None
+
+    def _pump_monitor(self) -> None:
+        mon = self._mon
+        while True:
+            try:
+                msg = mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                self.gone = True
+                return
+            try:
+                ev = parse_monitor_message(msg)
+            except Exception:  # pragma: no cover - libzmq speaks its own format
+                continue
+            if ev["event"] in _GONE_EVENTS and (
+                self._peer_fd is None or int(ev["value"]) == self._peer_fd
+            ):
+                # the monitor's event may overtake the last messages of the pipe (libzmq
+                # throttles command processing): give the socket a moment to deliver
+                if not self.gone:
+                    with contextlib.suppress(zmq.ZMQError):
+                        self._sock.poll(10, zmq.POLLIN)
+                    self._pump_locked()
+                self.gone = self._news = True
+
+    # -- the seam ---------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self._ep.fileno()
+
+    def ring(self, byte: bytes) -> bool:
+        return not self.gone
+
+    def drain(self) -> bool:
+        with self._lock:
+            if self._efd >= 0:
+                try:
+                    while len(self._wake_r.recv(4096)) == 4096:
+                        pass
+                except OSError:
+                    pass  # nothing to read
+                self._pump_locked()
+                self._pump_monitor()
+                self._news = False  # the caller wakes every waiter
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        return self.gone or self._reason is not None
+
+    @property
+    def peer_reason(self) -> str | None:
+        return self._reason
+
+    def abort(self, reason: str) -> None:
+        self.send_control(b"A" + reason.encode("utf-8", "replace")[:_MAX_REASON])
+
+    def hung_up(self) -> bool:
+        if not self.gone and not self._closed:
+            with self._lock:
+                self._pump_monitor()
+                if self._news:
+                    self._news = False
+                    self._ring_self()
+        return self.gone or self._reason is not None
+
+    def shutdown(self) -> None:
+        if not self.gone and not self._closed:
+            self.send_control(b"B")
+        self.gone = True
+        self._ring_self()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.shutdown()
+        with self._lock:
+            self._closed = True
+            self.rx.release()
+            retire(self._sock, self._mon)
+            self._ep.close()
+            self._efd = -1
+            self._wake_r.close()
+            self._wake_w.close()
+
+
+MONITOR_EVENTS = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+def monitor_of(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
+    """The monitor socket of ``sock`` (the events liveness needs)."""
+    return sock.get_monitor_socket(MONITOR_EVENTS)
+
+
+def close_monitored(sock: zmq.Socket[Any], mon: zmq.Socket[Any], linger: int) -> None:
+    """Close ``sock`` and its monitor, in the only safe order: libzmq's I/O thread
+    sends monitor events blocking, so a monitor closed while its socket still emits
+    events (as it is torn down) would hang that thread -- and every socket of the
+    context with it.  The monitor is switched off first."""
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    mon.close(0)
+    sock.close(linger)
+
+
+# Closed connections' sockets, kept open until the peer hung up too or for GRACE seconds:
+# libzmq drops what a peer had received but not yet read when the connection goes, so
+# a socket closed at once could take our last records, E and B with it.
+GRACE = 2.0
+_graveyard: list[tuple[zmq.Socket[Any], zmq.Socket[Any], float]] = []
+_graveyard_lock = threading.Lock()
+
+
+def retire(sock: zmq.Socket[Any], mon: zmq.Socket[Any]) -> None:
+    """Close ``sock`` (and its monitor) once the peer is gone, or after :data:`GRACE`."""
+    with _graveyard_lock:
+        _graveyard.append((sock, mon, time.monotonic() + GRACE))
+    reap()
+
+
+def reap(everything: bool = False) -> None:
+    """Close the retired sockets whose peer is gone or whose grace is over."""
+    now = time.monotonic()
+    with _graveyard_lock:
+        keep = []
+        for sock, mon, until in _graveyard:
+            gone = everything or now >= until
+            while not gone:
+                try:
+                    ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    gone = True
+                    break
+                gone = ev["event"] in _GONE_EVENTS
+            if gone:
+                close_monitored(sock, mon, LINGER_MS)
+            else:
+                keep.append((sock, mon, until))
+        _graveyard[:] = keep
+
+
+def _ignore(parts: list[Any]) -> None:
+    pass
