@@ -127,9 +127,11 @@ def _socket_files(roots: list[Path]) -> set[str]:
 
 
 def _test_netns() -> set[str]:
-    """Network namespaces named by tests/process/test_net_hosts.py (``rwtest-``)."""
+    """Network namespaces made by this process's tests/process/test_net_hosts.py
+    (``rwtest-<pid>-``; another run's, on a shared machine, are not ours to judge)."""
+    mine = f"rwtest-{os.getpid()}-"
     try:
-        return {n for n in os.listdir("/run/netns") if n.startswith("rwtest-")}
+        return {n for n in os.listdir("/run/netns") if n.startswith(mine)}
     except OSError:
         return set()
 

@@ -1,7 +1,7 @@
 """TCP channels between two "hosts": two network namespaces joined by a veth pair.
 
-CI has no second machine, so one is made: namespaces ``<prefix>-a`` (10.77.0.1/24) and
-``<prefix>-b`` (10.77.0.2/24), a listener in one and a client in the other (both
+CI has no second machine, so one is made: namespaces ``rwtest-<pid>-<tag>-a``
+(10.77.0.1/24) and ``...-b`` (10.77.0.2/24), a listener in one and a client in the other (both
 subprocesses under ``ip netns exec``), traffic only between those namespaces' own
 addresses.  Needs root and ``ip`` (skipped otherwise, with the reason); the partition
 by ``tc netem loss 100%`` is skipped where the kernel has no netem, and the same
@@ -9,7 +9,7 @@ partition is also made by taking the link down.
 
 Every namespace is removed by the fixture, whatever happens (the veth pair goes with
 it); ``tests/conftest.py`` fails any test that leaves a namespace named with
-:data:`PREFIX`.
+:data:`PREFIX` and this process's pid.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ import pytest
 
 pytest.importorskip("zmq")
 
-PREFIX = "rwtest-"  # the namespaces this module makes (tests/conftest.py checks for them)
+# the namespaces this module makes are named PREFIX + "<pid>-": tests/conftest.py fails a
+# test that leaves one of its own process (not another run's, on a shared machine)
+PREFIX = "rwtest-"
 ADDR_A, ADDR_B = "10.77.0.1", "10.77.0.2"
 HEARTBEAT = 0.5
 
@@ -97,7 +99,8 @@ def _netns_names() -> set[str]:
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
     tag = secrets.token_hex(3)
-    h = Hosts(f"{PREFIX}{tag}-a", f"{PREFIX}{tag}-b", f"rw{tag}a", f"rw{tag}b")
+    base = f"{PREFIX}{os.getpid()}-{tag}"
+    h = Hosts(f"{base}-a", f"{base}-b", f"rw{tag}a", f"rw{tag}b")
     made: list[str] = []
     try:
         for ns in (h.a, h.b):
