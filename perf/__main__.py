@@ -4,7 +4,7 @@
     python -m perf --full             # the scripts' default modes (the default)
     python -m perf --out DIR          # where to write (default perf/results/)
     python -m perf --only slots       # a subset (repeatable): codec, transport, slots, longrun,
-                                      #   calls, broadcast, pipeline
+                                      #   calls, broadcast, pipeline, tcp
     python -m perf --report-only      # rebuild report.md and the plots from DIR's JSON
 
 Each benchmark runs as a subprocess ``python -m perf.<name> --json DIR/<name>.json``
