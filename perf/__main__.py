@@ -4,7 +4,7 @@
     python -m perf --full             # the scripts' default modes (the default)
     python -m perf --out DIR          # where to write (default perf/results/)
     python -m perf --only slots       # a subset (repeatable): codec, transport, slots, longrun,
-                                      #   calls, broadcast, pipeline
+                                      #   calls, broadcast, pipeline, tcp
     python -m perf --report-only      # rebuild report.md and the plots from DIR's JSON
 
 Each benchmark runs as a subprocess ``python -m perf.<name> --json DIR/<name>.json``
@@ -34,7 +34,7 @@ from typing import Any
 from perf import _report
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("codec", "transport", "slots", "longrun", "calls", "broadcast", "pipeline")
+BENCHMARKS = ("codec", "transport", "slots", "longrun", "calls", "broadcast", "pipeline", "tcp")
 # (expected seconds on a 2-core VM, timeout seconds)
 EXPECTED = {
     "quick": {
@@ -45,6 +45,7 @@ EXPECTED = {
         "calls": (10, 60),
         "broadcast": (40, 80),
         "pipeline": (35, 75),
+        "tcp": (15, 40),
     },
     "full": {
         "codec": (30, 180),
@@ -54,6 +55,7 @@ EXPECTED = {
         "calls": (90, 240),
         "broadcast": (120, 300),
         "pipeline": (380, 720),
+        "tcp": (90, 240),
     },
 }
 # quick mode: the whole suite's wall-clock budget (the report is written after it) and

@@ -126,6 +126,16 @@ def _socket_files(roots: list[Path]) -> set[str]:
     return found
 
 
+def _test_netns() -> set[str]:
+    """Network namespaces made by this process's tests/process/test_net_hosts.py
+    (``rwtest-<pid>-``; another run's, on a shared machine, are not ours to judge)."""
+    mine = f"rwtest-{os.getpid()}-"
+    try:
+        return {n for n in os.listdir("/run/netns") if n.startswith(mine)}
+    except OSError:
+        return set()
+
+
 def _children(pid: int) -> set[int]:
     kids = set()
     for name in os.listdir("/proc"):
@@ -181,6 +191,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     shm_before = _shm_names()
     socks_before = _socket_files(roots)
     kids_before = _children(os.getpid())
+    netns_before = _test_netns()
     yield
     me = os.getpid()
     # Survivors are given a moment to notice a dead peer and clean up.
@@ -210,6 +221,9 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         problems.append(f"socket files left behind: {sorted(leaked_socks)}")
     if leaked_kids:
         problems.append(f"child processes left running (killed now): {sorted(leaked_kids)}")
+    leaked_netns = _test_netns() - netns_before
+    if leaked_netns:
+        problems.append(f"network namespaces left behind: {sorted(leaked_netns)}")
     if problems:
         pytest.fail("resource leak: " + "; ".join(problems), pytrace=False)
 
