@@ -16,6 +16,7 @@ performs each :class:`~ringwire._conn.waits.Wait` with an :class:`AsyncWaker`:
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
@@ -45,7 +46,10 @@ class AsyncWaker:
         self._aio_ok = True
         self._waiters: list[asyncio.Future[None]] = []
         self._polling = False
+        self._poll_scope: anyio.CancelScope | None = None
         self._event: anyio.Event | None = None
+        self._thread = threading.get_ident()
+        core.on_drain = self._drained
         # on asyncio the loop watches the transport from now on, so the peer's death
         # is noticed at once -- slots reclaimed, next send refused -- even by an
         # endpoint that only sends and never waits
@@ -77,6 +81,17 @@ class AsyncWaker:
         if core.closed or core.eof or core.broken is not None:
             self.unregister()
         self.wake_all()
+
+    def _drained(self) -> None:
+        # a drain by anyone: wake the waiters, and the task polling the descriptor (its
+        # readiness may be what that drain consumed) -- from the channel's own thread
+        # only (a drain from another thread, statistics() say, leaves them be)
+        if threading.get_ident() != self._thread:
+            return
+        self.wake_all()
+        scope = self._poll_scope
+        if scope is not None:
+            scope.cancel()
 
     def wake_all(self) -> None:
         waiters = self._waiters
@@ -136,11 +151,13 @@ class AsyncWaker:
                 continue
             self._polling = True
             try:
-                await anyio.wait_readable(core.transport.fileno())
+                with anyio.CancelScope() as self._poll_scope:
+                    await anyio.wait_readable(core.transport.fileno())
             except ClosedResourceError:
                 if not core.closed:
                     raise
             finally:
+                self._poll_scope = None
                 self._polling = False
                 ev = self._event
                 if ev is not None:

@@ -63,7 +63,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
@@ -116,6 +116,10 @@ def _no_pool(ref: Any) -> Any:
     )
 
 
+def _nothing() -> None:
+    pass
+
+
 class Endpoint:
     """One end of a connection over ``transport``: state and non-waiting operations.
 
@@ -150,6 +154,10 @@ class Endpoint:
         self.tx_blocked = False  # closed, broken, hung up, or eof sent: sends go the slow way
         self.watched = False  # a driver watches the transport all the time (asyncio)
         self.wake_gen = 0
+        # the driver's "the generation moved": a drain outside the driver's own wait (a
+        # receiver reading the end, a sender asking for the hang-up) may consume the
+        # readiness that the driver's waiters sleep on, so it must wake them itself
+        self.on_drain: Callable[[], None] = _nothing
         self.rx_parked = self.tx_parked = 0
         self.slots_on = self.pool is not None or self.peer is not None
         # (payload, error) of a record that failed to decode and was left unread
@@ -272,6 +280,7 @@ class Endpoint:
         self.wake_gen += 1
         if self.slots_on:
             self.slot_safe_point()
+        self.on_drain()
 
     # A sender that never waits learns of the peer's death from a failed doorbell (the
     # peer died parked) or when the ring is full and it parks -- which, for a slow
