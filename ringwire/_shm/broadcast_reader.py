@@ -47,12 +47,13 @@ from .._wire.broadcast_control import (
     validate_joined,
 )
 from .._wire.broadcast_ring import BroadcastReader, read_broadcast_header
-from .._wire.control import DOORBELL_SPACE, ControlReader, SegmentSpec, encode_abort
+from .._wire.control import ControlReader, SegmentSpec
 from .._wire.ring import check_ring
 from .._wire.slotlayout import PoolLayout, read_pool
 from .recvpool import RecvPool
 from .segment import Segment
 from .slotconfig import RELEASE_CAPACITY
+from .sockets import ControlSocketEnd
 
 __all__ = [
     "JoinResult",
@@ -62,8 +63,6 @@ __all__ = [
     "drive_join_sync",
     "join_handshake",
 ]
-
-_HANGUP = getattr(select, "POLLRDHUP", 0)
 
 
 class NullWriter:
@@ -287,7 +286,7 @@ async def drive_join_async(gen: JoinGen, sock: socket.socket) -> JoinResult:
         gen.close()
 
 
-class SubscriberTransport:
+class SubscriberTransport(ControlSocketEnd):
     """One reader of a broadcast (see the module docstring)."""
 
     def __init__(
@@ -308,7 +307,6 @@ class SubscriberTransport:
         self.peer_pid = writer_pid
         self.version = joined.version
         self.doorbells_sent = self.doorbells_received = 0
-        self._hangup_poll: Any = None
         self._control = ControlReader()
         if result.rest:
             self.doorbells_received += self._control.feed(result.rest)
@@ -320,66 +318,10 @@ class SubscriberTransport:
                 seg, layout, self._release_bell, copy_out, lane_offset=joined.lane_offset
             )
 
-    def _release_bell(self) -> None:
-        # the release sink's doorbell: a finalizer may run it, so it never blocks
-        self._sock.send(DOORBELL_SPACE)
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def ring(self, byte: bytes) -> bool:
-        try:
-            self._sock.send(byte)
-            self.doorbells_sent += 1
-        except BlockingIOError:
-            pass  # unread doorbells are queued: the writer wakes anyway
-        except OSError:
-            return False
-        return True
-
     def drain(self) -> bool:
         if self._control.reason is not None:
-            return True
-        sock = self._sock
-        while True:
-            try:
-                data = sock.recv(512)
-            except BlockingIOError:
-                return False
-            except InterruptedError:
-                continue
-            except OSError:
-                return True
-            if not data:
-                return True
-            self.doorbells_received += self._control.feed(data)
-            if self._control.reason is not None:
-                return True  # the writer dropped us, or the broadcast failed
-            if len(data) < 512:
-                return False
-
-    @property
-    def peer_reason(self) -> str | None:
-        return self._control.reason
-
-    def abort(self, reason: str) -> None:
-        try:
-            self._sock.send(encode_abort(reason))
-        except OSError:
-            pass
-
-    def hung_up(self) -> bool:
-        p = self._hangup_poll
-        if p is None:
-            p = self._hangup_poll = select.poll()
-            p.register(self._fd, _HANGUP)
-        return bool(p.poll(0))
-
-    def shutdown(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+            return True  # the writer dropped us, or the broadcast failed
+        return super().drain()
 
     def close(self) -> None:
         self.shutdown()

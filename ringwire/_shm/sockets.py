@@ -14,8 +14,9 @@ import stat
 import struct
 
 from .._errors import PeerCredentialsError
+from .._wire.control import DOORBELL_SPACE, ControlReader, encode_abort
 
-__all__ = ["bind_unix_socket", "check_peer", "hung_up", "peer_credentials"]
+__all__ = ["ControlSocketEnd", "bind_unix_socket", "check_peer", "hung_up", "peer_credentials"]
 
 _HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 
@@ -25,6 +26,77 @@ def hung_up(sock: socket.socket) -> bool:
     p = select.poll()
     p.register(sock.fileno(), _HANGUP)
     return bool(p.poll(0))
+
+
+class ControlSocketEnd:
+    """The control-socket half of a shared-memory transport -- a channel's end
+    (:class:`~ringwire._shm.transport.ShmTransport`) and a broadcast reader
+    (:class:`~ringwire._shm.broadcast_reader.SubscriberTransport`) alike: doorbells out
+    and in, the peer's abort, the hang-up.  A subclass sets ``_sock`` (non-blocking),
+    ``_fd``, ``_control`` and the two doorbell counters."""
+
+    _sock: socket.socket
+    _fd: int
+    _control: ControlReader
+    doorbells_sent: int
+    doorbells_received: int
+
+    def _release_bell(self) -> None:
+        # the release sink's doorbell: a finalizer may run it, so it never blocks
+        self._sock.send(DOORBELL_SPACE)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def ring(self, byte: bytes) -> bool:
+        try:
+            self._sock.send(byte)
+            self.doorbells_sent += 1
+        except BlockingIOError:
+            pass  # the buffer holds unread doorbells: the peer will wake anyway
+        except OSError:
+            return False
+        return True
+
+    def drain(self) -> bool:
+        sock = self._sock
+        while True:
+            try:
+                data = sock.recv(512)
+            except BlockingIOError:
+                return False
+            except InterruptedError:
+                continue
+            except OSError:
+                return True
+            if not data:
+                return True
+            self.doorbells_received += self._control.feed(data)
+            if self._control.reason is not None:
+                return True  # the peer dropped the connection (it closes right after)
+            if len(data) < 512:
+                return False
+
+    @property
+    def peer_reason(self) -> str | None:
+        return self._control.reason
+
+    def abort(self, reason: str) -> None:
+        try:
+            self._sock.send(encode_abort(reason))
+        except OSError:
+            pass  # a full socket (the peer stopped reading) or a gone peer
+
+    def hung_up(self) -> bool:
+        # POLLRDHUP is seen even behind unread doorbell bytes (they stay for the
+        # waiters they belong to)
+        return hung_up(self._sock)
+
+    def shutdown(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 _UCRED = struct.Struct("3i")

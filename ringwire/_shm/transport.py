@@ -15,21 +15,21 @@ from __future__ import annotations
 
 import socket
 
-from .._wire.control import DOORBELL_SPACE, ControlReader, encode_abort
+from .._wire.control import ControlReader
 from .._wire.lanes import RingReader, RingWriter
 from .._wire.slotlayout import PoolLayout
 from .recvpool import RecvPool
 from .segment import Segment
 from .sendpool import SendPool
 from .slotconfig import SlotConfig
-from .sockets import hung_up
+from .sockets import ControlSocketEnd
 
 __all__ = ["ShmTransport"]
 
 _MAX_RECORD_SLACK = 1024  # bytes of a record's frame left for what is not array data
 
 
-class ShmTransport:
+class ShmTransport(ControlSocketEnd):
     """One end of a shared-memory connection (see the module docstring)."""
 
     def __init__(
@@ -63,63 +63,6 @@ class ShmTransport:
             seg, layout = peer_pool
             copy = own_pool[2].copy_out if own_pool is not None else False
             self.recv_pool = RecvPool(seg, layout, self._release_bell, copy)
-
-    def _release_bell(self) -> None:
-        # the release sink's doorbell: a finalizer may run it, so it never blocks
-        self._sock.send(DOORBELL_SPACE)
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def ring(self, byte: bytes) -> bool:
-        try:
-            self._sock.send(byte)
-            self.doorbells_sent += 1
-        except BlockingIOError:
-            pass  # the buffer holds unread doorbells: the peer will wake anyway
-        except OSError:
-            return False
-        return True
-
-    def drain(self) -> bool:
-        sock = self._sock
-        while True:
-            try:
-                data = sock.recv(512)
-            except BlockingIOError:
-                return False
-            except InterruptedError:
-                continue
-            except OSError:
-                return True
-            if not data:
-                return True
-            self.doorbells_received += self._control.feed(data)
-            if self._control.reason is not None:
-                return True  # the peer dropped the connection (it closes right after)
-            if len(data) < 512:
-                return False
-
-    @property
-    def peer_reason(self) -> str | None:
-        return self._control.reason
-
-    def abort(self, reason: str) -> None:
-        try:
-            self._sock.send(encode_abort(reason))
-        except OSError:
-            pass  # a full socket (the peer stopped reading) or a gone peer
-
-    def hung_up(self) -> bool:
-        # POLLRDHUP is seen even behind unread doorbell bytes (they stay for the
-        # waiters they belong to)
-        return hung_up(self._sock)
-
-    def shutdown(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def close(self) -> None:
         self.shutdown()
