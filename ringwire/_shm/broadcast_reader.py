@@ -22,7 +22,6 @@ decoding, slot views and their finalizers, ``EndOfStream`` after a clean close a
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import select
@@ -50,6 +49,7 @@ from .._wire.broadcast_ring import BroadcastReader, read_broadcast_header
 from .._wire.control import ControlReader, SegmentSpec
 from .._wire.ring import check_ring
 from .._wire.slotlayout import PoolLayout, read_pool
+from .handshake import poll_fd
 from .recvpool import RecvPool
 from .segment import Segment
 from .slotconfig import RELEASE_CAPACITY
@@ -198,12 +198,6 @@ def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
     return data, list(fds)
 
 
-def _poll(fd: int, events: int, timeout: float | None) -> None:
-    p = select.poll()
-    p.register(fd, events)
-    p.poll(-1 if timeout is None else max(0, math.ceil(timeout * 1000)))
-
-
 def drive_join_sync(gen: JoinGen, sock: socket.socket, deadline: float) -> JoinResult:
     """Perform :func:`join_handshake` on a non-blocking socket, by ``deadline``."""
 
@@ -224,7 +218,7 @@ def drive_join_sync(gen: JoinGen, sock: socket.socket, deadline: float) -> JoinR
                         answer = _recv_fds(sock)
                         break
                     except (BlockingIOError, InterruptedError):
-                        _poll(sock.fileno(), select.POLLIN, left())
+                        poll_fd(sock.fileno(), select.POLLIN, left())
                     except (ConnectionResetError, BrokenPipeError):
                         break
             else:
@@ -235,7 +229,7 @@ def drive_join_sync(gen: JoinGen, sock: socket.socket, deadline: float) -> JoinR
                         try:
                             view = view[sock.send(view) :]
                         except BlockingIOError:
-                            _poll(sock.fileno(), select.POLLOUT, left())
+                            poll_fd(sock.fileno(), select.POLLOUT, left())
                 except OSError:
                     raise HandshakeError(
                         "the writer closed the connection during the join"
