@@ -22,15 +22,25 @@ by ringwire channels -- spawned, supervised (restart or stop), drained and clean
         async for request in ctx.channel:      # ends when the topology stops (drained)
             await ctx.channel.send({"echo": request})
 
+A worker on another machine joins by name over TCP (:class:`RemoteWorker`,
+``Topology(listen="tcp://...")``; there: ``python -m ringwire.runtime join
+tcp://front:7100 --name NAME --entry package.module:function`` or :func:`join`).
+
 See :class:`Topology` for the lifecycle, supervision and stop semantics.
 """
 
-from ._supervisor import Topology, WorkerStatus
+from ._join import join, join_async
+from ._state import WorkerStatus
+from ._supervisor import Topology
 from ._topology import (
+    JoinRefused,
+    Rejoin,
+    RemoteWorker,
     Restart,
     RuntimeFailure,
     TopologyStopping,
     Worker,
+    WorkerAwaitingRejoin,
     WorkerEvent,
     WorkerExit,
     WorkerGone,
@@ -41,11 +51,15 @@ from ._topology import (
 from ._worker import WorkerContext
 
 __all__ = [
+    "JoinRefused",
+    "Rejoin",
+    "RemoteWorker",
     "Restart",
     "RuntimeFailure",
     "Topology",
     "TopologyStopping",
     "Worker",
+    "WorkerAwaitingRejoin",
     "WorkerContext",
     "WorkerEvent",
     "WorkerExit",
@@ -54,4 +68,6 @@ __all__ = [
     "WorkerRestarting",
     "WorkerStartError",
     "WorkerStatus",
+    "join",
+    "join_async",
 ]

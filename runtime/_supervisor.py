@@ -29,6 +29,13 @@ status or signal) at once, the slots the dead worker held are reclaimed, the nam
 left in ``/dev/shm`` are swept, and its policy applies: ``"stop"`` stops the topology,
 :class:`Restart` starts a new process after a backoff, with a new channel
 (:meth:`Topology.wait_channel` returns it).
+
+Remote workers
+--------------
+A :class:`RemoteWorker` runs on another machine and joins by name over TCP through
+``Topology(listen="tcp://host:port")`` (:mod:`ringwire.runtime._remote`); its channel
+is a TCP channel, its death the loss of its control connection (liveness, not a
+sentinel), and its :class:`Rejoin` policy waits for it to join again.
 """
 
 from __future__ import annotations
@@ -38,14 +45,11 @@ import logging
 import os
 import signal
 import time
-import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -56,10 +60,15 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 import ringwire
 
 from . import _spawn, _worker
+from ._remote import DEFAULT_HEARTBEAT, Desk, Ended, Joined, watch
+from ._state import Notifier, WorkerState, WorkerStatus, close_quietly
 from ._topology import (
+    Rejoin,
+    RemoteWorker,
     Restart,
     TopologyStopping,
     Worker,
+    WorkerAwaitingRejoin,
     WorkerEvent,
     WorkerExit,
     WorkerGone,
@@ -76,67 +85,6 @@ T = TypeVar("T")
 
 _CLOSE_GRACE = 2.0  # a worker whose channel failed to connect gets this long to exit
 _JOIN_AFTER_KILL = 10.0  # a SIGKILLed process is always reaped well within this
-
-
-@dataclass(frozen=True)
-class WorkerStatus:
-    """A snapshot of one worker."""
-
-    name: str
-    state: str  # "starting", "ready", "restarting", "exited", "stopped"
-    pid: int | None
-    incarnation: int
-    restarts: int  # restarts so far (all time)
-
-
-class _Notifier:
-    """Wake every task waiting for 'something changed' (they re-check their condition)."""
-
-    def __init__(self) -> None:
-        self._event: anyio.Event | None = None
-
-    def notify(self) -> None:
-        ev, self._event = self._event, None
-        if ev is not None:
-            ev.set()
-
-    async def wait(self) -> None:
-        if self._event is None:
-            self._event = anyio.Event()
-        await self._event.wait()
-
-
-class _WorkerState:
-    def __init__(self, spec: Worker) -> None:
-        self.spec = spec
-        self.proc: BaseProcess | None = None
-        self.ctrl: Connection | None = None
-        self.chan: ringwire.Channel | None = None
-        self.stale: list[ringwire.Channel] = []  # channels of dead incarnations
-        self.incarnation = -1
-        self.state = "new"
-        self.pid: int | None = None
-        self.restarts = 0
-        self.recent: deque[float] = deque()  # restart times within the policy window
-        self.kill_reason: str | None = None
-        self.stop_requested = False
-        self.settled = False  # the first incarnation became ready or ended
-        self.done = False  # the supervising task has finished
-
-
-def _close_quietly(chan: ringwire.Channel) -> None:
-    """Close a channel whose peer is gone: arrays still viewing its slots stay valid,
-    so the 'closed while received arrays are alive' warning is noise here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=ResourceWarning)
-        chan.close()
-
-
-def _notice_peer_gone(chan: ringwire.Channel) -> None:
-    """Read the control socket of a channel whose peer just died, so that it knows now
-    (and reclaims the slots the peer held) rather than at its next operation."""
-    if not chan.closed:
-        chan.poll_peer()  # non-blocking: reads EOF, runs the slot safe point
 
 
 class Topology:
@@ -163,7 +111,9 @@ class Topology:
     ``kill_timeout``: after that, how long cancelled workers get before SIGKILL;
     ``handle_signals``: install SIGINT/SIGTERM handlers while running (main thread
     only; :meth:`run` turns them on); ``on_event``: called with every
-    :class:`WorkerEvent` (in the event loop; keep it quick).
+    :class:`WorkerEvent` (in the event loop; keep it quick).  ``listen``,
+    ``insecure``, ``heartbeat``, ``keys``: where :class:`RemoteWorker` s join (see
+    :mod:`ringwire.runtime._remote`).  Raises ``ValueError`` / ``TypeError``.
     """
 
     def __init__(
@@ -176,16 +126,37 @@ class Topology:
         kill_timeout: float = 2.0,
         handle_signals: bool = False,
         on_event: Callable[[WorkerEvent], None] | None = None,
+        listen: str | None = None,
+        insecure: bool = False,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+        keys: Any = None,
     ) -> None:
-        self._workers: dict[str, _WorkerState] = {}
+        self._workers: dict[str, WorkerState] = {}
         for spec in workers:
-            if not isinstance(spec, Worker):
-                raise TypeError(f"expected a ringwire.runtime.Worker, not {type(spec).__name__}")
+            if not isinstance(spec, (Worker, RemoteWorker)):
+                raise TypeError(
+                    f"expected a ringwire.runtime.Worker or RemoteWorker, not {type(spec).__name__}"
+                )
             if spec.name in self._workers:
                 raise ValueError(f"two workers are named {spec.name!r}")
-            self._workers[spec.name] = _WorkerState(spec)
+            self._workers[spec.name] = WorkerState(spec)
         if not self._workers:
             raise ValueError("a topology needs at least one worker")
+        remote = {n: w.spec for n, w in self._workers.items() if isinstance(w.spec, RemoteWorker)}
+        if remote and listen is None:
+            raise ValueError(
+                f"remote workers {sorted(remote)} join over TCP: give the topology an address "
+                "to listen at, Topology(..., listen='tcp://127.0.0.1:7100')"
+            )
+        if listen is not None and not remote:
+            raise ValueError(f"listen={listen!r}: the topology has no RemoteWorker to join it")
+        self._desk: Desk | None = None
+        if listen is not None:
+            local = [n for n in self._workers if n not in remote]
+            self._desk = Desk(
+                listen, remote=remote, local=local, slots=slots, heartbeat=heartbeat,
+                insecure=insecure, keys=keys,
+            )  # fmt: skip
         self._front_slots = slots
         self._ready_timeout = float(ready_timeout)
         self._drain_timeout = float(drain_timeout)
@@ -197,7 +168,7 @@ class Topology:
         self._stop_reason: str | None = None
         self._stop_started = False
         self._force = False
-        self._changed = _Notifier()
+        self._changed = Notifier()
         self._stopped: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
@@ -224,6 +195,12 @@ class Topology:
         return self._state
 
     @property
+    def address(self) -> str | None:
+        """Where remote workers join (the bound ``tcp://`` address once started, its
+        port filled in), or ``None`` without remote workers."""
+        return None if self._desk is None else self._desk.address
+
+    @property
     def stopping(self) -> bool:
         """Has a stop begun?  (The front should stop sending new work.)"""
         return self._stop_started
@@ -235,11 +212,11 @@ class Topology:
 
     def status(self) -> dict[str, WorkerStatus]:
         return {
-            name: WorkerStatus(name, w.state, w.pid, max(w.incarnation, 0), w.restarts)
+            name: WorkerStatus(name, w.state, w.pid, max(w.incarnation, 0), w.restarts, w.host)
             for name, w in self._workers.items()
         }
 
-    def _get(self, name: str) -> _WorkerState:
+    def _get(self, name: str) -> WorkerState:
         try:
             return self._workers[name]
         except KeyError:
@@ -338,6 +315,8 @@ class Topology:
             self._tg = tg = await self._stack.enter_async_context(anyio.create_task_group())
             if self._handle_signals:
                 await tg.start(self._watch_signals)
+            if self._desk is not None:
+                await tg.start(self._desk.run)
             for w in self._workers.values():
                 tg.start_soon(self._supervise, w, name=f"ringwire supervisor {w.spec.name}")
             failed = await self._wait_settled()
@@ -347,6 +326,8 @@ class Topology:
                     exit_ = self._last_exit(failed)
                     what = exit_.describe() if exit_ is not None else "it did not start"
                     reason = f"worker {failed.spec.name!r} did not become ready: {what}"
+                    if exit_ is None and failed.note:
+                        reason = failed.note
                     if exit_ is not None and exit_.error:
                         reason += "\n" + exit_.error.rstrip()
                 await self.stop(reason=reason or "start failed")
@@ -359,7 +340,7 @@ class Topology:
             await self.aclose(type(exc), exc, exc.__traceback__)
             raise
 
-    async def _wait_settled(self) -> _WorkerState | None:
+    async def _wait_settled(self) -> WorkerState | None:
         """Until every worker is ready, or one has failed to start (returned)."""
         while True:
             for w in self._workers.values():
@@ -369,7 +350,7 @@ class Topology:
                 return None
             await self._changed.wait()
 
-    def _last_exit(self, w: _WorkerState) -> WorkerExit | None:
+    def _last_exit(self, w: WorkerState) -> WorkerExit | None:
         for ev in reversed(self.history):
             if isinstance(ev, WorkerExit) and ev.name == w.spec.name:
                 return ev
@@ -377,14 +358,14 @@ class Topology:
 
     # -- one worker ----------------------------------------------------------------------
 
-    async def _supervise(self, w: _WorkerState) -> None:
+    async def _supervise(self, w: WorkerState) -> None:
         try:
             while True:
-                ex = await self._incarnation(w)
-                if ex.expected or self._stop_started or self._state == "starting":
+                ex = await (self._joined_incarnation(w) if w.remote else self._incarnation(w))
+                if ex is None or ex.expected or self._stop_started or self._state == "starting":
                     break
                 policy = w.spec.policy
-                if not isinstance(policy, Restart):
+                if not isinstance(policy, (Restart, Rejoin)):
                     self._spawn_stop(f"worker {w.spec.name!r} {ex.status}")
                     break
                 now = time.monotonic()
@@ -392,12 +373,19 @@ class Topology:
                 while w.recent and w.recent[0] < now - policy.window:
                     w.recent.popleft()
                 attempt = len(w.recent)
-                if attempt > policy.max_restarts:
+                rejoin = isinstance(policy, Rejoin)
+                limit = policy.max_rejoins if isinstance(policy, Rejoin) else policy.max_restarts
+                if attempt > limit:
                     self._spawn_stop(
-                        f"worker {w.spec.name!r} {ex.status} and exceeded its restart limit "
-                        f"({policy.max_restarts} within {policy.window:g} s)"
+                        f"worker {w.spec.name!r} {ex.status} and exceeded its "
+                        f"{'rejoin' if rejoin else 'restart'} limit "
+                        f"({limit} within {policy.window:g} s)"
                     )
                     break
+                if isinstance(policy, Rejoin):  # the next incarnation waits for the join
+                    w.restarts += 1
+                    self._emit(WorkerAwaitingRejoin(w.spec.name, attempt, policy.within, now))
+                    continue
                 delay = policy.delay(attempt)
                 w.state = "restarting"
                 self._emit(WorkerRestarting(w.spec.name, attempt, delay, time.monotonic()))
@@ -423,9 +411,9 @@ class Topology:
         if not self._stop_started and self._tg is not None:
             self._tg.start_soon(partial(self.stop, reason=reason))
 
-    async def _incarnation(self, w: _WorkerState) -> WorkerExit:
+    async def _incarnation(self, w: WorkerState) -> WorkerExit:
         """Run one process of worker ``w`` until it ends; report and clean up."""
-        spec = w.spec
+        spec = w.local
         w.incarnation += 1
         w.kill_reason = None
         w.stop_requested = False
@@ -500,13 +488,7 @@ class Topology:
                 code = None
             except ValueError:
                 pass
-        reclaimed = in_use = 0
-        chan, w.chan = w.chan, None
-        if chan is not None:
-            _notice_peer_gone(chan)
-            stats = chan.statistics()
-            reclaimed, in_use = stats.slots_reclaimed, stats.slots_in_use
-            w.stale.append(chan)  # closed when replaced or at stop (unread replies stay readable)
+        reclaimed, in_use = w.retire_channel()
         swept = tuple(ringwire.sweep_segments())
         expected = w.stop_requested and code == 0 or self._stop_started
         ex = WorkerExit(
@@ -530,6 +512,50 @@ class Topology:
         self._changed.notify()
         return ex
 
+    async def _joined_incarnation(self, w: WorkerState) -> WorkerExit | None:
+        """Wait for remote worker ``w`` to join, run that join until its control
+        connection ends; report and clean up.  ``None``: it did not join in time."""
+        spec, desk = w.spec, self._desk
+        assert isinstance(spec, RemoteWorker) and desk is not None
+        first, policy = w.incarnation < 0, spec.policy
+        timeout = policy.within if isinstance(policy, Rejoin) and not first else self._ready_timeout
+        w.state = "joining" if first else "rejoining"
+        self._changed.notify()
+        j = await desk.wait_join(spec.name, timeout)
+        if j is None:
+            if not self._stop_started:
+                w.note = (
+                    f"remote worker {spec.name!r} did not {'join' if first else 'rejoin'} "
+                    f"{desk.address} within {timeout:g} s"
+                )
+                self._spawn_stop(w.note)
+            return None
+        w.incarnation, w.joined, w.pid, w.host = j.incarnation, j, j.pid, j.host
+        w.kill_reason, w.stop_requested, w.state = None, False, "starting"
+        ended = Ended(detected=j.t0)
+        ready = anyio.Event()
+        assert j.data is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._bring_up_joined, w, j, ready)
+            await watch(j, ready, ended)
+            tg.cancel_scope.cancel()
+        desk.release(spec.name, j)
+        ex = w.joined_exit(j, ended, self._stop_started)
+        self._emit(ex)
+        self._changed.notify()
+        return ex
+
+    async def _bring_up_joined(self, w: WorkerState, j: Joined, ready: anyio.Event) -> None:
+        with anyio.move_on_after(self._ready_timeout) as scope:
+            await ready.wait()
+        if scope.cancelled_caught:
+            self._kill(w, f"not ready within {self._ready_timeout:g} s")
+            return
+        assert j.data is not None
+        self._publish(w, j.data, j.t0, j.host)
+        if self._stop_started:
+            await self._request_stop(w)
+
     async def _read_control(self, ctrl: Connection, ready: anyio.Event, errors: list[str]) -> None:
         while True:
             await anyio.wait_readable(ctrl.fileno())
@@ -544,9 +570,9 @@ class Topology:
                 errors.append(str(msg.get("text")))
 
     async def _bring_up(
-        self, w: _WorkerState, front: ringwire.PairEnd, ready: anyio.Event, t0: float
+        self, w: WorkerState, front: ringwire.PairEnd, ready: anyio.Event, t0: float
     ) -> None:
-        spec = w.spec
+        spec = w.local
         chan: ringwire.Channel | None = None
         try:
             with anyio.fail_after(self._ready_timeout):
@@ -556,33 +582,42 @@ class Topology:
                 await ready.wait()
         except TimeoutError:
             if chan is not None:
-                _close_quietly(chan)
+                close_quietly(chan)
             self._kill(w, f"not ready within {self._ready_timeout:g} s")
             return
         except Exception as exc:  # the worker died during the handshake, or refused it
             if chan is not None:
-                _close_quietly(chan)
+                close_quietly(chan)
             await anyio.sleep(_CLOSE_GRACE)  # it normally exits first (and cancels this)
             self._kill(w, f"its channel failed: {exc}")
             return
         except BaseException:
             if chan is not None:
-                _close_quietly(chan)
+                close_quietly(chan)
             raise
+        self._publish(w, chan, t0)
+        if self._stop_started:
+            await self._request_stop(w)
+
+    def _publish(
+        self, w: WorkerState, chan: ringwire.Channel, t0: float, host: str | None = None
+    ) -> None:
+        """Worker ``w`` is ready: ``chan`` is its channel now."""
         w.chan = chan
         w.state = "ready"
         w.settled = True
         for old in w.stale:
-            _close_quietly(old)
+            close_quietly(old)
         w.stale.clear()
         now = time.monotonic()
         assert w.pid is not None
-        self._emit(WorkerReady(spec.name, w.pid, w.incarnation, now - t0, now))
+        self._emit(WorkerReady(w.spec.name, w.pid, w.incarnation, now - t0, now, host))
         self._changed.notify()
-        if self._stop_started:
-            await self._request_stop(w)
 
-    def _kill(self, w: _WorkerState, reason: str) -> None:
+    def _kill(self, w: WorkerState, reason: str) -> None:
+        if w.joined is not None:  # a remote process cannot be killed: drop its connections
+            w.kill_reason = w.kill_reason or reason
+            w.joined.abort(f"the front dropped worker {w.spec.name!r}: {reason}")
         proc = w.proc
         if proc is not None and proc.exitcode is None:
             if w.kill_reason is None:
@@ -590,12 +625,10 @@ class Topology:
             with contextlib.suppress(OSError):
                 proc.kill()
 
-    async def _request_stop(self, w: _WorkerState) -> None:
+    async def _request_stop(self, w: WorkerState) -> None:
         """Stop accepting: tell the worker, and end the stream of requests."""
         w.stop_requested = True
-        if w.ctrl is not None:
-            with contextlib.suppress(OSError):
-                _worker.send_msg(w.ctrl, kind="stop")
+        w.tell("stop")
         if w.chan is not None:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 await w.chan.send_eof()
@@ -646,16 +679,16 @@ class Topology:
 
     async def _stop(self, drain_timeout: float) -> None:
         workers = list(self._workers.values())
+        if self._desk is not None:
+            self._desk.begin_stop()
         if not self._force:
             for w in workers:
-                if w.proc is not None:
+                if w.proc is not None or w.joined is not None:
                     await self._request_stop(w)
             await self._wait_done(drain_timeout, or_force=True)
         if not self._force and not self._all_done():
             for w in workers:
-                if w.ctrl is not None:
-                    with contextlib.suppress(OSError):
-                        _worker.send_msg(w.ctrl, kind="cancel")
+                w.tell("cancel")
             await self._wait_done(self._kill_timeout, or_force=True)
         for w in workers:
             if not w.done:
@@ -671,9 +704,11 @@ class Topology:
                 await done.wait()
         for w in workers:
             for chan in [*w.stale, *([w.chan] if w.chan is not None else [])]:
-                _close_quietly(chan)
+                close_quietly(chan)
             w.stale.clear()
             w.chan = None
+        if self._desk is not None:
+            await self._desk.aclose()
         ringwire.sweep_segments()
 
     async def aclose(

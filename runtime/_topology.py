@@ -11,10 +11,14 @@ from typing import Any, Literal, Union
 import ringwire
 
 __all__ = [
+    "JoinRefused",
+    "Rejoin",
+    "RemoteWorker",
     "Restart",
     "RuntimeFailure",
     "TopologyStopping",
     "Worker",
+    "WorkerAwaitingRejoin",
     "WorkerEvent",
     "WorkerExit",
     "WorkerGone",
@@ -45,6 +49,29 @@ class Restart:
     def delay(self, n: int) -> float:
         """The backoff before the ``n``-th restart within the window (n >= 1)."""
         return float(min(self.max_backoff, self.backoff * 2 ** max(0, n - 1)))
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """The policy of a :class:`RemoteWorker`: when its connection is lost (the remote
+    process died, its host froze, the network broke), wait up to ``within`` seconds
+    for a worker of that name to join again -- a new connection, a new incarnation,
+    a new channel (:meth:`Topology.wait_channel`) -- else stop the topology.  At most
+    ``max_rejoins`` rejoins within ``window`` seconds (then the topology stops)."""
+
+    within: float = 30.0
+    max_rejoins: int = 5
+    window: float = 60.0
+
+    def __post_init__(self) -> None:
+        for what in ("within", "window"):
+            value = getattr(self, what)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"Rejoin({what}=...) must be > 0 seconds, not {value!r}")
+        if isinstance(self.max_rejoins, bool) or not isinstance(self.max_rejoins, int):
+            raise ValueError(f"Rejoin(max_rejoins=...) must be an int, not {self.max_rejoins!r}")
+        if self.max_rejoins < 0:
+            raise ValueError(f"Rejoin(max_rejoins=...) must be >= 0, not {self.max_rejoins}")
 
 
 Policy = Union[Literal["stop"], Restart]
@@ -102,6 +129,43 @@ class Worker:
             raise ValueError(f"ready must be 'auto' or 'explicit', not {self.ready!r}")
 
 
+@dataclass(frozen=True)
+class RemoteWorker:
+    """A worker that runs on another machine and *joins* the topology by name over TCP
+    (``python -m ringwire.runtime join tcp://front:7100 --name NAME --entry ...``, or
+    :func:`ringwire.runtime.join`); the topology must listen (``Topology(listen=...)``).
+
+    The front gets its channel as for a local worker (``topo.channel(name)``).  Its
+    death is noticed by liveness -- the connection's hang-up, at once for a killed
+    process on a live network, or ``heartbeat`` seconds of silence -- not by a process
+    sentinel.  ``policy``: ``"stop"`` (the default) stops the topology when the worker
+    is lost; :class:`Rejoin` waits for it to join again.  ``options`` is handed to the
+    remote entry as ``ctx.options`` (as for a local worker).  The worker's own
+    settings (its entry, send pool, ring capacity, backend) are the joining side's.
+    """
+
+    name: str
+    policy: Union[Literal["stop"], Rejoin] = "stop"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ValueError(f"worker names are 1-64 of [A-Za-z0-9_.-], not {self.name!r}")
+        if self.policy != "stop" and not isinstance(self.policy, Rejoin):
+            raise ValueError(
+                f"a remote worker's policy must be 'stop' or a Rejoin, not {self.policy!r}"
+            )
+        if not isinstance(self.options, Mapping):
+            raise ValueError(f"options must be a mapping, not {type(self.options).__name__}")
+
+
+def check_name(name: object) -> str:
+    """``name`` if it is a valid worker name; ``ValueError`` naming it otherwise."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"worker names are 1-64 of [A-Za-z0-9_.-], not {name!r}")
+    return name
+
+
 # -- events ------------------------------------------------------------------------------
 
 
@@ -112,11 +176,18 @@ class WorkerReady:
     name: str
     pid: int
     incarnation: int
-    startup_s: float  # from spawn to ready
+    startup_s: float  # from spawn (a remote worker: from its join) to ready
     at: float  # time.monotonic() in the supervising process
+    host: str | None = None  # a remote worker's host (None: a local process)
 
     def describe(self) -> str:
         again = f" (restart {self.incarnation})" if self.incarnation else ""
+        if self.host:
+            again = f" (rejoin {self.incarnation})" if self.incarnation else ""
+            return (
+                f"worker {self.name!r} (pid {self.pid} on {self.host}) joined and ready in "
+                f"{self.startup_s:.2f} s{again}"
+            )
         return f"worker {self.name!r} (pid {self.pid}) ready in {self.startup_s:.2f} s{again}"
 
 
@@ -137,16 +208,21 @@ class WorkerExit:
     slots_reclaimed: int = 0  # front slots the worker held, taken back at its death
     slots_in_use_after: int = 0  # front slots still in use on that connection afterwards
     swept: tuple[str, ...] = ()  # /dev/shm names it left behind, removed by the sweep
+    host: str | None = None  # a remote worker's host (None: a local process)
+    lost: str | None = None  # a remote worker whose connection broke: how
 
     @property
     def status(self) -> str:
+        if self.lost is not None:
+            return f"lost its connection ({self.lost})"
         if self.signal is not None:
             return f"killed by {self.signal.name}"
         return f"exit status {self.exitcode}"
 
     def describe(self) -> str:
         how = "stopped" if self.expected else "died"
-        text = f"worker {self.name!r} (pid {self.pid}) {how}: {self.status}"
+        where = f" on {self.host}" if self.host else ""
+        text = f"worker {self.name!r} (pid {self.pid}{where}) {how}: {self.status}"
         if self.reason:
             text += f" ({self.reason})"
         if self.slots_reclaimed:
@@ -170,6 +246,23 @@ class WorkerRestarting:
 
 
 @dataclass(frozen=True)
+class WorkerAwaitingRejoin:
+    """A remote worker was lost; the topology waits ``within`` seconds for it to join
+    again (its :class:`Rejoin` policy)."""
+
+    name: str
+    attempt: int  # rejoins of this worker within the policy window, this one included
+    within: float
+    at: float
+
+    def describe(self) -> str:
+        return (
+            f"waiting up to {self.within:g} s for worker {self.name!r} to rejoin "
+            f"(rejoin #{self.attempt})"
+        )
+
+
+@dataclass(frozen=True)
 class TopologyStopping:
     """The topology is stopping (``force``: workers are killed, not drained)."""
 
@@ -181,7 +274,9 @@ class TopologyStopping:
         return f"stopping{' (forced)' if self.force else ''}: {self.reason}"
 
 
-WorkerEvent = Union[WorkerReady, WorkerExit, WorkerRestarting, TopologyStopping]
+WorkerEvent = Union[
+    WorkerReady, WorkerExit, WorkerRestarting, WorkerAwaitingRejoin, TopologyStopping
+]
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -201,3 +296,9 @@ class WorkerStartError(RuntimeFailure):
 
 class WorkerGone(RuntimeFailure):
     """A worker has no channel and will not get one (stopped, or given up on)."""
+
+
+class JoinRefused(RuntimeFailure):
+    """A worker could not join a topology: no topology listens at the address, the
+    name is unknown or already joined, the topology is stopping (the message says
+    which, and names the address and the worker)."""
