@@ -46,6 +46,14 @@ from ._worker import (
 __all__ = ["join", "join_async"]
 
 _RETRY_EVERY = 0.2
+_GONE_GRACE = 0.5  # an entry broken by the front's death waits this long for the verdict
+_LOST_ERRORS = (
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    ringwire.RingwireError,
+)
 Entry = Callable[[WorkerContext], Awaitable[Any]]
 
 
@@ -219,7 +227,11 @@ async def join_async(
                     if ready == "auto":
                         ctx.ready()
                     await fn(ctx)
-                except Exception:
+                except Exception as exc:
+                    if isinstance(exc, _LOST_ERRORS):  # the front's death? its verdict first
+                        with anyio.move_on_after(_GONE_GRACE):
+                            while not lost:
+                                await anyio.sleep(0.01)
                     if not lost:
                         text = traceback.format_exc()
                         print(f"ringwire worker {name!r} (pid {os.getpid()}) failed:\n{text}", file=sys.stderr)  # fmt: skip

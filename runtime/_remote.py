@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 
 import ringwire
-from ringwire._conn.netconn import DEFAULT_HEARTBEAT
+from ringwire._conn.netconn import DEFAULT_HEARTBEAT, check_bind, check_heartbeat
 
 from ._topology import Rejoin, RemoteWorker
 
@@ -136,14 +136,16 @@ class Desk:
             raise ValueError(
                 f"listen= takes a tcp://host:port address for remote workers to join, not {url!r}"
             )
-        self._listener = ringwire.Listener(
-            url,
+        check_heartbeat(heartbeat)
+        check_bind(url, insecure)  # a bad address; non-loopback without insecure=True
+        self._listen_kw: dict[str, Any] = dict(
             slots=slots,
             heartbeat=heartbeat,
             insecure=insecure,
             handshake_timeout=ADMIT_TIMEOUT,
             **net_keys(keys, ringwire.Listener),
         )
+        self._listener: ringwire.Listener | None = None
         self.address = url
         self._remote = dict(remote)
         self._local = set(local)
@@ -166,6 +168,7 @@ class Desk:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         """Bind, then admit connections until :meth:`aclose` (raises ``OSError``
         naming the address when it cannot bind)."""
+        self._listener = ringwire.Listener(self.address, **self._listen_kw)
         async with self._listener as listener, anyio.create_task_group() as tg:
             self.address = listener.path
             logger.info("ringwire.runtime: remote workers join at %s", self.address)
@@ -189,7 +192,8 @@ class Desk:
         self._notify()
         for j in [*self._current.values(), *self._arrived.values(), *self._tokens.values()]:
             j.abort("the topology stopped")
-        await self._listener.aclose()
+        if self._listener is not None:
+            await self._listener.aclose()
 
     # -- admitting ----------------------------------------------------------------------
 

@@ -1,0 +1,229 @@
+"""Remote workers without a second process: the front and the joining worker in one
+event loop over tcp://127.0.0.1 (ringwire/runtime/_remote.py, _join.py and the
+declarations in _topology.py).  The separate-process tests, kill -9 and rejoin are
+in tests/process/test_runtime_join.py."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from ringwire import SlotClass, SlotConfig, runtime
+
+pytest.importorskip("zmq")
+
+SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4), SlotClass(1 << 20, 4)))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def free_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"tcp://127.0.0.1:{port}"
+
+
+def port_free(url: str, patience: float = 2.0) -> bool:
+    """Nothing listens at ``url`` any more (within ``patience`` seconds: libzmq closes
+    sockets in its own thread).  SO_REUSEADDR: a connection in TIME_WAIT is no leak."""
+    deadline = time.monotonic() + patience
+    while True:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+        finally:
+            s.close()
+        time.sleep(0.05)
+
+
+async def echo(ctx: runtime.WorkerContext) -> None:
+    async for request in ctx.channel:
+        await ctx.channel.send({"echo": request, "name": ctx.name, "options": ctx.options})
+
+
+def join_kw(**kw: Any) -> dict[str, Any]:
+    kw.setdefault("slots", SMALL)
+    kw.setdefault("timeout", 10.0)
+    kw.setdefault("retry_for", 10.0)
+    return kw
+
+
+# -- declarations ---------------------------------------------------------------------------
+
+
+def test_remote_worker_and_rejoin_are_validated() -> None:
+    with pytest.raises(ValueError, match="worker names"):
+        runtime.RemoteWorker("bad name")
+    with pytest.raises(ValueError, match="policy must be 'stop' or a Rejoin"):
+        runtime.RemoteWorker("a", policy=runtime.Restart())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="within"):
+        runtime.Rejoin(within=0)
+    with pytest.raises(ValueError, match="max_rejoins"):
+        runtime.Rejoin(max_rejoins=-1)
+    with pytest.raises(ValueError, match="options must be a mapping"):
+        runtime.RemoteWorker("a", options=[1])  # type: ignore[arg-type]
+
+
+def test_topology_validates_its_listen_address() -> None:
+    remote = runtime.RemoteWorker("tok")
+    with pytest.raises(ValueError, match=r"remote workers \['tok'\] join over TCP"):
+        runtime.Topology([remote])
+    local = runtime.Worker("a", "support.runtime_workers:echo")
+    with pytest.raises(ValueError, match="has no RemoteWorker"):
+        runtime.Topology([local], listen="tcp://127.0.0.1:0")
+    with pytest.raises(ValueError, match="tcp://host:port address"):
+        runtime.Topology([remote], listen="/tmp/front.sock")
+    with pytest.raises(ValueError, match="bad TCP address 'tcp://nowhere'"):
+        runtime.Topology([remote], listen="tcp://nowhere")
+    with pytest.raises(ValueError, match="refusing to listen at tcp://0.0.0.0:7100"):
+        runtime.Topology([remote], listen="tcp://0.0.0.0:7100")
+    runtime.Topology([remote], listen="tcp://0.0.0.0:7100", insecure=True)  # nothing bound yet
+    with pytest.raises(ValueError, match="does not take keys yet"):
+        runtime.Topology([remote], listen="tcp://127.0.0.1:0", keys=("pub", "secret"))
+
+
+def test_join_validates_its_arguments() -> None:
+    with pytest.raises(ValueError, match="tcp://host:port address, not '/tmp/x.sock'"):
+        runtime.join("/tmp/x.sock", "tok", echo)
+    with pytest.raises(ValueError, match="worker names"):
+        runtime.join("tcp://127.0.0.1:1", "no spaces", echo)
+    with pytest.raises(TypeError, match="entry must be"):
+        runtime.join("tcp://127.0.0.1:1", "tok", 42)  # type: ignore[arg-type]
+    with pytest.raises(ModuleNotFoundError):
+        runtime.join("tcp://127.0.0.1:1", "tok", "no_such_module_here:entry")
+    with pytest.raises(ValueError, match="ready must be"):
+        runtime.join("tcp://127.0.0.1:1", "tok", echo, ready="later")
+    with pytest.raises(ValueError, match="bad TCP address 'tcp://x'"):
+        runtime.join("tcp://x", "tok", echo)
+    with pytest.raises(ValueError, match="does not take keys yet"):
+        runtime.join("tcp://127.0.0.1:1", "tok", echo, keys="k")
+
+
+def test_joining_where_no_topology_listens_names_the_address() -> None:
+    url = free_url()
+    with pytest.raises(runtime.JoinRefused, match=f"'tok' cannot join {url}: no topology listens"):
+        runtime.join(url, "tok", echo, timeout=2.0)
+
+
+# -- joining in one event loop ----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_joined_worker_gets_records_both_ways_and_stops_cleanly() -> None:
+    url = free_url()
+    topo = runtime.Topology(
+        [runtime.RemoteWorker("tok", options={"model": "m1"})], listen=url, slots=SMALL
+    )
+    codes: list[int] = []
+
+    async def worker() -> None:
+        codes.append(await runtime.join_async(url, "tok", echo, **join_kw()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        async with topo:
+            assert topo.address == url
+            status = topo.status()["tok"]
+            assert status.state == "ready" and status.host == socket.gethostname()
+            chan = topo.channel("tok")
+            big = np.arange(100_000, dtype=np.float32)  # travels beside the record
+            await chan.send({"n": 1, "big": big})
+            reply = await chan.receive()
+            assert reply["name"] == "tok" and reply["options"] == {"model": "m1"}
+            assert reply["echo"]["n"] == 1 and np.array_equal(reply["echo"]["big"], big)
+            del reply
+    assert codes == [0]
+    exits = [e for e in topo.history if isinstance(e, runtime.WorkerExit)]
+    assert len(exits) == 1 and exits[0].expected and exits[0].exitcode == 0
+    assert exits[0].host == socket.gethostname()
+    assert port_free(url)
+
+
+@pytest.mark.anyio
+async def test_joins_are_refused_with_a_reason_naming_what_was_tried() -> None:
+    url = free_url()
+    topo = runtime.Topology(
+        [
+            runtime.RemoteWorker("tok"),
+            runtime.Worker("local", "support.runtime_workers:echo", slots=SMALL, spin_us=0),
+        ],
+        listen=url,
+        slots=SMALL,
+    )
+    codes: list[int] = []
+
+    async def worker() -> None:
+        codes.append(await runtime.join_async(url, "tok", echo, **join_kw()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        async with topo:
+            with pytest.raises(runtime.JoinRefused, match=r"no remote worker named 'nope' \(remote workers: \['tok'\]\)"):  # fmt: skip
+                await runtime.join_async(url, "nope", echo, **join_kw(retry_for=0))
+            with pytest.raises(runtime.JoinRefused, match="'local' is a local worker"):
+                await runtime.join_async(url, "local", echo, **join_kw(retry_for=0))
+            with pytest.raises(runtime.JoinRefused, match="'tok' is already joined to the topology at tcp://127.0.0.1:.* \\(pid"):  # fmt: skip
+                await runtime.join_async(url, "tok", echo, **join_kw(retry_for=0))
+            # the joined one is unharmed
+            await topo.channel("tok").send("still there?")
+            assert (await topo.channel("tok").receive())["echo"] == "still there?"
+            await topo.stop()
+            with pytest.raises(runtime.JoinRefused, match="cannot join|is stopping"):
+                await runtime.join_async(url, "tok", echo, **join_kw(retry_for=0))
+    assert codes == [0]
+
+
+@pytest.mark.anyio
+async def test_a_remote_worker_that_never_joins_fails_the_start() -> None:
+    url = free_url()
+    topo = runtime.Topology([runtime.RemoteWorker("tok")], listen=url, ready_timeout=0.5)
+    with pytest.raises(runtime.WorkerStartError, match=f"'tok' did not join {url} within 0.5 s"):
+        await topo.start()
+    assert topo.state == "stopped"
+    assert port_free(url)
+
+
+@pytest.mark.anyio
+async def test_explicit_ready_and_the_stopping_event() -> None:
+    url = free_url()
+    topo = runtime.Topology([runtime.RemoteWorker("tok")], listen=url, slots=SMALL)
+    seen: list[str] = []
+    go = anyio.Event()
+
+    async def slow(ctx: runtime.WorkerContext) -> None:
+        await go.wait()  # "loading a model"
+        await ctx.channel.send("early")  # before ready: kept, the front reads it later
+        ctx.ready()
+        await ctx.stopping.wait()
+        seen.append("stopping")
+
+    async def worker() -> None:
+        await runtime.join_async(url, "tok", slow, ready="explicit", **join_kw())
+
+    async def checker() -> None:
+        await anyio.sleep(0.5)
+        seen.append(topo.status()["tok"].state)  # joined, not ready yet
+        go.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        tg.start_soon(checker)
+        with anyio.fail_after(10):
+            async with topo:
+                assert await topo.channel("tok").receive() == "early"
+    assert seen == ["starting", "stopping"]
