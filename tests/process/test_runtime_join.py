@@ -255,3 +255,27 @@ def test_a_joined_worker_exits_when_the_front_is_killed(tmp_path: Path) -> None:
         assert "Traceback" not in err
     finally:
         reap(front, proc)
+
+
+def test_the_example_front_and_its_remote_worker() -> None:
+    url = free_url()
+    examples = TESTS.parent / "examples"
+    front = subprocess.Popen(
+        [sys.executable, str(examples / "remote_worker.py"), url, "-n", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "ringwire.runtime", "join", url, "--name", "tokenizer",
+         "--entry", "remote_worker:tokenize", "--retry-for", "30"],
+        cwd=examples, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        out, err = front.communicate(timeout=60)
+        assert front.returncode == 0, err
+        for i in range(3):
+            assert f"request {i}: {len(f'prompt number {i}')} tokens from pid {worker.pid}" in out
+        code, werr = finish(worker)
+        assert code == 0, werr
+    finally:
+        reap(front, worker)
+    assert port_free(url)
