@@ -27,8 +27,6 @@ import os
 import socket
 import sys
 
-import anyio
-
 import ringwire
 from ringwire import runtime
 

@@ -27,6 +27,11 @@ processes of one uid only, so it holds none of our segments).
 * A slot pool (magic ``RWPOOL``) belongs to its creator (the producer); the slot table
   says which slots are free, loaned (being filled) or sent (in flight or held by the
   consumer).
+* A TCP status table (magic ``RWNETS``, :mod:`ringwire._wire.netstatus`) is one
+  process's table of its open TCP connections: peer and local address, state,
+  in-flight record bytes (sent, not yet credited by the peer), records received and not
+  yet read, bytes of arrays out (sent and not released, or on loan) against the
+  budget, and how long ago the peer was last heard from.
 * Names still in ``/dev/shm`` are listed with their creator pid (from the name) and
   whether it is alive: a name whose creator is dead is *stale*, and ``cleanup``
   removes it (:func:`ringwire.sweep_segments`; names of live processes are never
@@ -44,11 +49,13 @@ import os
 import re
 import struct
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ._shm.segment import SHM_DIR, pid_alive, stale_segments, sweep
+from ._wire import netstatus
 from ._wire.names import is_segment_name, name_pid
 from ._wire.ring import HEADER_SIZE, HEADER_WORDS, RING_MAGIC, validate_capacity
 from ._wire.slotlayout import (
@@ -286,7 +293,37 @@ def _read_pool(read: Reader, size: int) -> dict[str, Any]:
 
 def _kind_of(read: Reader) -> str:
     magic = read(0, 8)[:6]
-    return {RING_MAGIC: "rings", POOL_MAGIC: "slots"}.get(magic, "unknown")
+    return {RING_MAGIC: "rings", POOL_MAGIC: "slots", netstatus.MAGIC: "tcp"}.get(magic, "unknown")
+
+
+def _read_tcp(read: Reader, size: int) -> list[dict[str, Any]]:
+    """The open connections of a TCP status table."""
+    creator, slots = netstatus.parse(_read_exact(read, 0, min(size, netstatus.SEGMENT_SIZE)))
+    now = time.monotonic_ns()
+    rows = []
+    for v in slots:
+        rows.append(
+            {
+                "pid": creator,
+                "side": "server" if v["server"] else "client",
+                "address": v["address"],
+                "peer": v["peer"] or None,
+                "local": v["local"] or None,
+                "peer_pid": v["peer_pid"] or None,
+                "state": "live" if v["state"] == netstatus.OPEN else "peer gone",
+                "in_flight_bytes": max(0, v["sent"] - v["acked"]),
+                "send_capacity": v["send_capacity"],
+                "inbox_records": v["inbox_records"],
+                "inbox_bytes": v["inbox_bytes"],
+                "receive_capacity": v["receive_capacity"],
+                "array_bytes_out": v["array_bytes_out"],
+                "array_budget": v["array_budget"],
+                "heard_s_ago": max(0, now - v["heard_ns"]) / 1e9,
+                "heartbeat_s": v["heartbeat_ms"] / 1000,
+                "open_s": max(0, now - v["opened_ns"]) / 1e9,
+            }
+        )
+    return rows
 
 
 @dataclass
@@ -315,6 +352,7 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
         return processes[p]
 
     connections: list[dict[str, Any]] = []
+    tcp: list[dict[str, Any]] = []
     pools: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []
     mapped_names: dict[str, list[int]] = {}
@@ -359,6 +397,8 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
                 entry["peer_pids"] = peers
                 entry.update(_read_pool(read, size))
                 pools.append(entry)
+            elif entry["kind"] == "tcp":
+                tcp.extend(_read_tcp(read, size))
             else:
                 others.append(entry)
         except (OSError, ValueError) as exc:
@@ -408,6 +448,7 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
         "version": 1,
         "uid": os.geteuid(),
         "connections": connections,
+        "tcp_connections": tcp,
         "pools": pools,
         "other_segments": others,
         "names": names,
@@ -473,6 +514,21 @@ def _sections(report: dict[str, Any]) -> list[Section]:
                 ]
             )
     out.append(("Connections", ["SEGMENT", "CREATED BY", "LANE", "FILL", "STATE"], rows))
+    rows = [
+        [
+            _who(report, t["pid"]),
+            f"{t['side']} {t['local'] or '?'}",
+            f"{t['peer'] or '?'}" + (f" (pid {t['peer_pid']})" if t["peer_pid"] else ""),
+            t["state"],
+            f"{_size(t['in_flight_bytes'])} / {_size(t['send_capacity'])}",
+            f"{t['inbox_records']} ({_size(t['inbox_bytes'])})",
+            f"{_size(t['array_bytes_out'])} / {_size(t['array_budget'])}",
+            f"{t['heard_s_ago']:.1f} s ago (bound {t['heartbeat_s']:g} s)",
+        ]
+        for t in report.get("tcp_connections", [])
+    ]
+    headers = ["PROCESS", "SIDE", "PEER", "STATE", "IN FLIGHT", "UNREAD", "ARRAYS OUT", "HEARD"]
+    out.append(("TCP connections", headers, rows))
     rows = []
     for p in report["pools"]:
         sizes = ", ".join(
@@ -551,8 +607,10 @@ def _summary(report: dict[str, Any]) -> str:
         return f"{count} {what}{'' if count == 1 else 'es' if what.endswith('s') else 's'}"
 
     stale = sum(1 for x in report["names"] if x["stale"])
+    tcp = report.get("tcp_connections")
     text = (
         f"ringwire on this host: {n(len(report['connections']), 'connection')}, "
+        f"{n(len(tcp), 'TCP connection') + ', ' if tcp else ''}"
         f"{n(len(report['pools']), 'slot pool')}, "
         f"{n(len(report['names']), 'name')} in {SHM_DIR} ({stale} stale)"
     )

@@ -67,6 +67,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .._errors import FrameTooLarge, ProtocolError
 from .._wire.control import PROTOCOL_VERSION
+from .status import open_slot
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
@@ -148,6 +149,7 @@ class NetWriter:
         self.acked = 0  # record bytes the reader consumed (its last credit)
         self.reader_closed_flag = False
         self._closed = False
+        self.status: Any = None  # the inspect table's row (.status); tx.sent is stored there
 
     def check_size(self, n: int) -> None:
         if n > self.max_payload:
@@ -170,6 +172,7 @@ class NetWriter:
             return False
         self._t.send_record(payload, getattr(payload, "frames", None))
         self.sent += n + _HEADER
+        self.status.cells[self.status.sent_at] = self.sent
         return True
 
     def write_many(self, payloads: Sequence[Any], start: int = 0) -> tuple[int, int]:
@@ -352,6 +355,7 @@ class NetTransport:
         self._news = False  # a pump outside drain() changed state: ring the eventfd
         self.on_frame: Callable[[list[Any]], None] = _ignore
         self.send_pool, self.recv_pool, self.encoder = pools(self)
+        self.status = self.tx.status = open_slot(self, sock, peer_fd)  # what inspect shows
         # read the monitor (and the socket) once now: libzmq signals a socket's FD for
         # a new message only after a read found its pipe empty
         with self._lock:
@@ -438,6 +442,7 @@ class NetTransport:
             return
         sock = self._sock
         rx = self.rx
+        heard = False
         while True:
             try:
                 first = sock.recv(zmq.NOBLOCK)
@@ -449,6 +454,7 @@ class NetTransport:
             except zmq.ZMQError:
                 self.gone = True
                 break
+            heard = True
             if self._error is not None:
                 continue  # broken: the endpoint is told at its drain()
             if first:
@@ -466,6 +472,8 @@ class NetTransport:
                 self._fail(f"a control message of {len(parts) + 1} frames")
             else:
                 self._control(parts[0].bytes)
+        if heard:
+            self.status.heard(self)
 
     def _fail(self, what: str) -> None:
         if self._error is None:
@@ -525,6 +533,9 @@ class NetTransport:
                         self._sock.poll(10, zmq.POLLIN)
                     self._pump_locked()
                 self.gone = self._news = True
+                self.status.gone()
+            elif ev["event"] == zmq.EVENT_CONNECTED:
+                self.status.endpoints(int(ev["value"]))  # the client's TCP addresses
 
     # -- the seam ---------------------------------------------------------------------
 
@@ -579,6 +590,7 @@ class NetTransport:
         with self._lock:
             self._closed = True
             self.rx.release()
+            self.status.close()
             retire(self._sock, self._mon)
             self._ep.close()
             self._efd = -1

@@ -7,6 +7,7 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,84 @@ def test_inspect_on_this_host_names_every_process_it_counts() -> None:
     if 0 < len(report["unreadable"]) <= 3:
         assert all(f"pid {u['pid']}" in first for u in report["unreadable"]), first
     assert "(permission)" not in first
+
+
+# -- TCP connections (their status table) ----------------------------------------------------
+
+
+def test_inspect_lists_tcp_connections_and_forgets_closed_ones() -> None:
+    pytest.importorskip("zmq")
+    import anyio
+    import numpy as np
+
+    import ringwire
+    from ringwire._wire import netstatus
+
+    def ours(report: dict[str, Any]) -> list[dict[str, Any]]:
+        return [t for t in report["tcp_connections"] if t["pid"] == os.getpid()]
+
+    async def main() -> None:
+        cfg = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 4),), threshold=1024)
+        async with ringwire.listen("tcp://127.0.0.1:0", slots=cfg) as listener:
+            client = await ringwire.connect(listener.path, slots=cfg, heartbeat=2.0)
+            server = await listener.accept()
+            await client.send({"n": 1})
+            assert await server.receive() == {"n": 1}
+            big = np.ones(100_000, np.uint8)  # out: an array beside the record
+            await client.send({"big": big})
+            await client.send({"n": 3})
+            await anyio.sleep(0.2)  # both arrive: unread at the server
+            await server.send("pong")  # the client hears from the server
+            assert await client.receive() == "pong"
+            report = _cli.scan(pid=os.getpid())
+            rows = {t["side"]: t for t in ours(report)}
+            assert set(rows) == {"client", "server"}, report["tcp_connections"]
+            c, s = rows["client"], rows["server"]
+            # each side's peer address is the other's local address
+            assert c["peer"] == s["local"] and s["peer"] == c["local"]
+            assert c["peer"].startswith("127.0.0.1:") and c["address"] == listener.path
+            assert c["state"] == s["state"] == "live"
+            assert c["peer_pid"] == s["peer_pid"] == os.getpid()
+            assert c["in_flight_bytes"] > 0  # sent, not yet credited (the server has not read)
+            assert c["array_bytes_out"] == 100_000 and c["array_budget"] == 4 << 20
+            assert s["inbox_records"] == 2 and s["inbox_bytes"] > 0
+            assert c["heartbeat_s"] == 2.0 and 0 <= c["heard_s_ago"] < 5
+            text = _cli.render_text(report)
+            assert "TCP connections:" in text and c["peer"] in text
+            assert "TCP connection" in text.splitlines()[0]
+            json.dumps(report)  # --json works
+            for _ in range(2):
+                await server.receive()
+            await client.aclose()
+            await server.aclose()
+            assert ours(_cli.scan(pid=os.getpid())) == []  # closed: the rows are gone
+        assert netstatus.MAGIC == b"RWNETS"
+
+    anyio.run(main)
+
+
+def test_the_tcp_status_table_layout_is_checked() -> None:
+    from ringwire._wire import netstatus as N
+
+    table = bytearray(N.SEGMENT_SIZE)
+    N.HEADER.pack_into(table, 0, N.MAGIC + b"\0\0", N.VERSION, N.NSLOTS, 1234)
+    assert N.parse(bytes(table)) == (1234, [])
+    base = N.HEADER_SIZE + 3 * N.SLOT_SIZE
+    import struct
+
+    struct.pack_into("=Q", table, base + 8 * N.word("state"), N.OPEN)
+    struct.pack_into("=Q", table, base + 8 * N.word("sent"), 99)
+    off, _ = N.string_offsets()["peer"]
+    table[base + off : base + off + 12] = b"10.0.0.5:123"
+    pid, rows = N.parse(bytes(table))
+    assert pid == 1234 and len(rows) == 1
+    assert rows[0]["slot"] == 3 and rows[0]["sent"] == 99 and rows[0]["peer"] == "10.0.0.5:123"
+    with pytest.raises(ValueError, match="magic"):
+        N.parse(bytes(N.SEGMENT_SIZE))
+    bad = bytearray(table)
+    N.HEADER.pack_into(bad, 0, N.MAGIC + b"\0\0", N.VERSION, 10_000, 1234)
+    with pytest.raises(ValueError, match="claims 10000 slots"):
+        N.parse(bytes(bad))
+    with pytest.raises(ValueError, match="version"):
+        N.HEADER.pack_into(bad, 0, N.MAGIC + b"\0\0", 99, 1, 1234)
+        N.parse(bytes(bad))
