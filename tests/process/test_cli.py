@@ -110,6 +110,62 @@ def test_inspect_shows_a_live_connection() -> None:
             p.join()
 
 
+# -- inspect: a TCP connection ----------------------------------------------------------
+
+
+def child_tcp(url: str, stop: Any) -> None:
+    with ringwire.connect_sync(url, slots=CFG, heartbeat=2.0) as ch:
+        ch.send({"hello": 1}, timeout=10)
+        stop.poll(30)  # reads nothing: what the parent sends stays unread here
+
+
+@pytest.mark.multiprocess
+def test_inspect_lists_a_live_tcp_connection_and_forgets_it_when_closed() -> None:
+    pytest.importorskip("zmq")
+    me = os.getpid()
+    listener = ringwire.SyncListener("tcp://127.0.0.1:0", slots=CFG)
+    stop_r, stop_w = SPAWN.Pipe(duplex=False)
+    with listener:
+        p = SPAWN.Process(target=child_tcp, args=(listener.path, stop_r), daemon=True)
+        p.start()
+        stop_r.close()
+        try:
+            ch = listener.accept(timeout=30)
+            assert ch.receive(timeout=10) == {"hello": 1}
+            for i in range(3):
+                ch.send({"n": i}, timeout=10)
+            out = cli("inspect", "--json", "--pid", str(p.pid))
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            [theirs] = [t for t in report["tcp_connections"] if t["pid"] == p.pid]
+            assert theirs["side"] == "client" and theirs["state"] == "live"
+            assert theirs["address"] == listener.path and theirs["peer_pid"] == me
+            assert theirs["peer"].startswith("127.0.0.1:")
+            # the child never receives: our records wait in libzmq's queue there, which
+            # the table does not see (it counts what a receive took in); our side shows them
+            assert theirs["inbox_records"] == 0 and theirs["in_flight_bytes"] > 0
+            assert theirs["heartbeat_s"] == 2.0 and theirs["heard_s_ago"] < 10
+            mine = cli("inspect", "--json", "--pid", str(me))
+            [ours] = [t for t in json.loads(mine.stdout)["tcp_connections"] if t["pid"] == me]
+            assert ours["side"] == "server" and ours["peer_pid"] == p.pid
+            assert ours["peer"] == theirs["local"] and ours["local"] == theirs["peer"]
+            assert ours["in_flight_bytes"] > 0  # not credited: the child reads nothing
+            text = cli("inspect", "--pid", str(p.pid))
+            assert "TCP connections:" in text.stdout and theirs["peer"] in text.stdout
+            stop_w.send(b"stop")
+            p.join(30)
+            assert p.exitcode == 0
+            ch.close()
+            after = json.loads(cli("inspect", "--json", "--pid", str(me)).stdout)
+            assert [t for t in after["tcp_connections"] if t["pid"] == me] == [], after
+        finally:
+            stop_w.close()
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
 # -- cleanup -----------------------------------------------------------------------------
 
 
