@@ -329,6 +329,11 @@ class Desk:
         self._current[name] = j
         return j
 
+    def no_show(self, name: str, first: bool, timeout: float) -> str:
+        """Why the topology stops when ``name`` did not (re)join in time."""
+        what = "join" if first else "rejoin"
+        return f"remote worker {name!r} did not {what} {self.address} within {timeout:g} s"
+
     def release(self, name: str, j: Joined) -> None:
         """``j`` has ended: a new join of ``name`` is welcome if its policy rejoins."""
         if self._current.get(name) is j:

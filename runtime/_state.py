@@ -68,7 +68,7 @@ class WorkerState:
         self.kill_reason: str | None = None
         self.stop_requested = False
         self.settled = False  # the first incarnation became ready or ended
-        self.done = False  # the supervising task has finished
+        self.done = True  # no supervising task runs (not started yet, or finished)
 
     @property
     def local(self) -> Worker:

@@ -318,6 +318,7 @@ class Topology:
             if self._desk is not None:
                 await tg.start(self._desk.run)
             for w in self._workers.values():
+                w.done = False
                 tg.start_soon(self._supervise, w, name=f"ringwire supervisor {w.spec.name}")
             failed = await self._wait_settled()
             if failed is not None or self._stop_started:
@@ -524,17 +525,13 @@ class Topology:
         j = await desk.wait_join(spec.name, timeout)
         if j is None:
             if not self._stop_started:
-                w.note = (
-                    f"remote worker {spec.name!r} did not {'join' if first else 'rejoin'} "
-                    f"{desk.address} within {timeout:g} s"
-                )
+                w.note = desk.no_show(spec.name, first, timeout)
                 self._spawn_stop(w.note)
             return None
         w.incarnation, w.joined, w.pid, w.host = j.incarnation, j, j.pid, j.host
         w.kill_reason, w.stop_requested, w.state = None, False, "starting"
         ended = Ended(detected=j.t0)
         ready = anyio.Event()
-        assert j.data is not None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._bring_up_joined, w, j, ready)
             await watch(j, ready, ended)

@@ -227,3 +227,75 @@ async def test_explicit_ready_and_the_stopping_event() -> None:
             async with topo:
                 assert await topo.channel("tok").receive() == "early"
     assert seen == ["starting", "stopping"]
+
+
+@pytest.mark.anyio
+async def test_a_busy_port_fails_the_start_naming_it() -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    url = f"tcp://127.0.0.1:{busy.getsockname()[1]}"
+    try:
+        topo = runtime.Topology([runtime.RemoteWorker("tok")], listen=url)
+        with pytest.raises(OSError, match=f"cannot listen at {url}"):
+            await topo.start()
+    finally:
+        busy.close()
+
+
+@pytest.mark.anyio
+async def test_a_connection_that_is_not_a_join_is_dropped_with_a_reason() -> None:
+    import ringwire
+
+    url = free_url()
+    topo = runtime.Topology([runtime.RemoteWorker("tok")], listen=url, slots=SMALL)
+
+    async def worker() -> None:
+        await runtime.join_async(url, "tok", echo, **join_kw())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        async with topo:
+            stranger = await ringwire.connect(url, slots=None)
+            await stranger.send({"hello": "who are you?"})
+            with pytest.raises(ringwire.BrokenResourceError, match="not a ringwire.runtime join"):
+                with anyio.fail_after(10):
+                    await stranger.receive()
+            stranger.close()
+            forged = await ringwire.connect(url, slots=None)
+            await forged.send({"ringwire.runtime": "attach", "v": 1, "token": b"x" * 16})
+            with pytest.raises(ringwire.BrokenResourceError, match="unknown or used token"):
+                with anyio.fail_after(10):
+                    await forged.receive()
+            forged.close()
+            await topo.channel("tok").send("fine?")  # the joined worker is unharmed
+            assert (await topo.channel("tok").receive())["echo"] == "fine?"
+
+
+@pytest.mark.anyio
+async def test_a_remote_worker_that_does_not_drain_is_cancelled_at_stop() -> None:
+    url = free_url()
+    topo = runtime.Topology(
+        [runtime.RemoteWorker("tok")], listen=url, slots=SMALL, drain_timeout=0.5
+    )
+    seen: list[str] = []
+
+    async def stubborn(ctx: runtime.WorkerContext) -> None:
+        try:
+            await anyio.sleep_forever()  # reads nothing, ignores the stop
+        finally:
+            seen.append(f"cancelled, stopping={ctx.stopping.is_set()}")
+
+    codes: list[int] = []
+
+    async def worker() -> None:
+        codes.append(await runtime.join_async(url, "tok", stubborn, **join_kw()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        async with topo:
+            pass
+        # drained for drain_timeout, then told to cancel: an expected, clean exit
+    assert seen == ["cancelled, stopping=True"] and codes == [0]
+    (ex,) = [e for e in topo.history if isinstance(e, runtime.WorkerExit)]
+    assert ex.expected and ex.exitcode == 0
