@@ -31,7 +31,9 @@ processes of one uid only, so it holds none of our segments).
   process's table of its open TCP connections: peer and local address, state,
   in-flight record bytes (sent, not yet credited by the peer), records received and not
   yet read, bytes of arrays out (sent and not released, or on loan) against the
-  budget, and how long ago the peer was last heard from.
+  budget, and how long ago the peer was last heard from (the kernel's
+  ``tcpi_last_data_recv``, heartbeats included, through :mod:`ringwire._net.sockdiag`;
+  else ringwire's last message).
 * Names still in ``/dev/shm`` are listed with their creator pid (from the name) and
   whether it is alive: a name whose creator is dead is *stale*, and ``cleanup``
   removes it (:func:`ringwire.sweep_segments`; names of live processes are never
@@ -54,6 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ._net import sockdiag
 from ._shm.segment import SHM_DIR, pid_alive, stale_segments, sweep
 from ._wire import netstatus
 from ._wire.names import is_segment_name, name_pid
@@ -319,6 +322,8 @@ def _read_tcp(read: Reader, size: int) -> list[dict[str, Any]]:
                 "array_bytes_out": v["array_bytes_out"],
                 "array_budget": v["array_budget"],
                 "heard_s_ago": max(0, now - v["heard_ns"]) / 1e9,
+                "message_s_ago": max(0, now - v["heard_ns"]) / 1e9,
+                "kernel": None,
                 "heartbeat_s": v["heartbeat_ms"] / 1000,
                 "open_s": max(0, now - v["opened_ns"]) / 1e9,
             }
@@ -407,6 +412,15 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
             others.append(entry)
         finally:
             close()
+
+    if tcp:  # the kernel's view: queues, and data last received (heartbeats included)
+        kernel = sockdiag.connections()
+        for t in tcp:
+            k = kernel.get((t["local"], t["peer"]))
+            if k is not None:
+                t["kernel"] = k
+                if k["heard_ms"] is not None:
+                    t["heard_s_ago"] = min(t["heard_s_ago"], k["heard_ms"] / 1000)
 
     names = []
     try:

@@ -137,6 +137,7 @@ def test_inspect_lists_tcp_connections_and_forgets_closed_ones() -> None:
     import numpy as np
 
     import ringwire
+    from ringwire._net import sockdiag
     from ringwire._wire import netstatus
 
     def ours(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -168,6 +169,10 @@ def test_inspect_lists_tcp_connections_and_forgets_closed_ones() -> None:
             assert c["array_bytes_out"] == 100_000 and c["array_budget"] == 4 << 20
             assert s["inbox_records"] == 2 and s["inbox_bytes"] > 0
             assert c["heartbeat_s"] == 2.0 and 0 <= c["heard_s_ago"] < 5
+            assert c["heard_s_ago"] <= c["message_s_ago"]
+            if sockdiag.connections():  # netlink sock_diag here: the kernel's view too
+                assert c["kernel"]["tcp_state"] == s["kernel"]["tcp_state"] == "established"
+                assert c["kernel"]["heard_ms"] is not None
             text = _cli.render_text(report)
             assert "TCP connections:" in text and c["peer"] in text
             assert "TCP connection" in text.splitlines()[0]
@@ -207,3 +212,28 @@ def test_the_tcp_status_table_layout_is_checked() -> None:
     with pytest.raises(ValueError, match="version"):
         N.HEADER.pack_into(bad, 0, N.MAGIC + b"\0\0", 99, 1, 1234)
         N.parse(bytes(bad))
+
+
+def test_sock_diag_messages_are_parsed() -> None:
+    import socket
+    import struct
+
+    from ringwire._net import sockdiag
+
+    msg = bytearray(72)
+    msg[0], msg[1] = socket.AF_INET, 1  # established
+    struct.pack_into(">HH", msg, 4, 7100, 41234)
+    msg[8:12] = socket.inet_aton("10.0.0.1")
+    msg[24:28] = socket.inet_aton("10.0.0.5")
+    struct.pack_into("=IIII", msg, 56, 3, 7, 0, 99)
+    info = bytearray(60)
+    struct.pack_into("=I", info, 52, 250)  # tcpi_last_data_recv
+    attr = struct.pack("=HH", 4 + len(info), 2) + bytes(info)
+    key, row = sockdiag._parse(socket.AF_INET, bytes(msg) + attr)  # type: ignore[misc]
+    assert key == ("10.0.0.1:7100", "10.0.0.5:41234")
+    assert row == {
+        "tcp_state": "established", "recv_queue": 3, "send_queue": 7, "heard_ms": 250,
+        "inode": 99,
+    }  # fmt: skip
+    assert sockdiag._parse(socket.AF_INET, bytes(10)) is None
+    assert isinstance(sockdiag.connections(), dict)  # never raises (empty without netlink)
