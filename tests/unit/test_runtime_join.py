@@ -299,3 +299,69 @@ async def test_a_remote_worker_that_does_not_drain_is_cancelled_at_stop() -> Non
     assert seen == ["cancelled, stopping=True"] and codes == [0]
     (ex,) = [e for e in topo.history if isinstance(e, runtime.WorkerExit)]
     assert ex.expected and ex.exitcode == 0
+
+
+@pytest.mark.anyio
+async def test_malformed_joins_are_refused_and_break_nothing() -> None:
+    import ringwire
+
+    url = free_url()
+    topo = runtime.Topology([runtime.RemoteWorker("tok")], listen=url, slots=SMALL)
+
+    async def worker() -> None:
+        await runtime.join_async(url, "tok", echo, **join_kw())
+
+    async def refusal(hello: Any) -> str:
+        chan = await ringwire.connect(url, slots=None)
+        try:
+            await chan.send(hello)
+            with anyio.fail_after(10):
+                reply = await chan.receive()
+            assert reply["ringwire.runtime"] == "refuse"
+            return str(reply["reason"])
+        finally:
+            chan.close()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        async with topo:
+            base = {"ringwire.runtime": "join", "v": 1}
+            assert "must name its worker" in await refusal({**base, "name": 5})
+            assert "must name its worker" in await refusal(base)
+            assert "speaks runtime protocol 1, the worker 2" in await refusal(
+                {**base, "v": 2, "name": "tok"}
+            )
+            assert "speaks runtime protocol 1" in await refusal({"ringwire.runtime": "join"})
+            await topo.channel("tok").send("fine?")
+            assert (await topo.channel("tok").receive())["echo"] == "fine?"
+
+
+@pytest.mark.anyio
+async def test_a_worker_that_keeps_leaving_exceeds_its_rejoin_limit() -> None:
+    url = free_url()
+    policy = runtime.Rejoin(within=5.0, max_rejoins=1)
+    topo = runtime.Topology([runtime.RemoteWorker("tok", policy=policy)], listen=url)
+
+    async def leaves(ctx: runtime.WorkerContext) -> None:
+        await anyio.sleep(0.2)  # (after the start: an exit during it fails the start)
+        # an entry that returns on its own is an unexpected exit
+
+    codes: list[int] = []
+
+    async def worker() -> None:
+        for _ in range(2):
+            codes.append(await runtime.join_async(url, "tok", leaves, **join_kw()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        async with topo:
+            with anyio.fail_after(10):
+                await topo.wait_stopped()
+    assert codes == [0, 0]
+    assert topo.stop_reason == (
+        "worker 'tok' exit status 0 and exceeded its rejoin limit (1 within 60 s)"
+    )
+    kinds = [type(e).__name__ for e in topo.history]
+    assert kinds[:5] == [
+        "WorkerReady", "WorkerExit", "WorkerAwaitingRejoin", "WorkerReady", "WorkerExit",
+    ]  # fmt: skip
