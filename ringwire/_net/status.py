@@ -41,6 +41,7 @@ class _Table:
         seg = Segment.create(N.SEGMENT_SIZE)
         seg.unlink()  # a mapping only from now on
         self.seg = seg
+        self.pid = os.getpid()
         self.cells = memoryview(seg.buf).cast("Q")
         N.HEADER.pack_into(seg.buf, 0, N.MAGIC + b"\0\0", N.VERSION, N.NSLOTS, os.getpid())
         self.free = list(range(N.NSLOTS - 1, -1, -1))
@@ -140,8 +141,8 @@ class Slot:
     def close(self) -> None:
         """The connection is closed: the slot is free again."""
         table, self._table = self._table, None
-        if table is None:
-            return
+        if table is None or table.pid != os.getpid():
+            return  # (a forked child closing its copy: the row is the parent's)
         self.cells[self.base] = N.FREE
         self.cells = [0] * len(N.WORDS)  # a late store goes nowhere
         self.base = 0
