@@ -137,14 +137,15 @@ class Desk:
                 f"listen= takes a tcp://host:port address for remote workers to join, not {url!r}"
             )
         check_heartbeat(heartbeat)
-        check_bind(url, insecure)  # a bad address; non-loopback without insecure=True
         self._listen_kw: dict[str, Any] = dict(
             slots=slots,
             heartbeat=heartbeat,
             insecure=insecure,
             handshake_timeout=ADMIT_TIMEOUT,
-            **net_keys(keys, ringwire.Listener),
+            **net_keys(keys, ringwire.Listener),  # CURVE keys: the transport's business
         )
+        if keys is None:  # (with keys, the transport judges a non-loopback bind itself)
+            check_bind(url, insecure)  # a bad address; non-loopback without insecure=True
         self._listener: ringwire.Listener | None = None
         self.address = url
         self._remote = dict(remote)
