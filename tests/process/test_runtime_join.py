@@ -207,6 +207,26 @@ async def test_what_a_killed_worker_sent_stays_readable_and_nothing_is_resent() 
 
 
 @pytest.mark.anyio
+async def test_a_frozen_worker_is_noticed_within_the_heartbeat_bound() -> None:
+    url = free_url()
+    proc = joiner(url)  # --heartbeat 1, and the topology's heartbeat is 1 s
+    try:
+        async with topology(url, runtime.Rejoin(within=20.0)) as topo:
+            with topo.subscribe() as events:
+                frozen = time.monotonic()
+                os.kill(proc.pid, signal.SIGSTOP)  # alive, silent: no sentinel would tell
+                lost = await next_event(events, runtime.WorkerExit, timeout=15)
+            assert lost.pid == proc.pid and lost.lost is not None
+            print(f"frozen worker noticed after {lost.at - frozen:.2f} s")
+            assert 0.5 < lost.at - frozen < 5.0, lost.at - frozen
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            os.kill(proc.pid, signal.SIGCONT)
+        reap(proc)
+
+
+@pytest.mark.anyio
 async def test_no_rejoin_within_the_bound_stops_the_topology() -> None:
     url = free_url()
     proc = joiner(url)
