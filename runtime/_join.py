@@ -195,10 +195,15 @@ async def join_async(
     ctrl, data, welcome = await _enter(
         address, name, timeout=timeout, retry_for=retry_for, net=net, slots=slots, capacity=capacity
     )
-    options = ringwire.decode(welcome.get("options") or ringwire.encode({}))
-    incarnation = welcome.get("incarnation", 0)
+    try:
+        options = dict(ringwire.decode(welcome.get("options") or ringwire.encode({})))
+        incarnation = int(welcome.get("incarnation", 0))
+    except (ringwire.RingwireError, TypeError, ValueError) as exc:
+        data.close()
+        ctrl.close()
+        raise JoinRefused(f"the topology at {address} sent a bad welcome: {exc}") from exc
     stopping = anyio.Event()
-    ctx = JoinedContext(name, int(incarnation), data, dict(options), stopping, ctrl)
+    ctx = JoinedContext(name, incarnation, data, options, stopping, ctrl)
     entry_scope = anyio.CancelScope()
     lost: list[str] = []
     code = EXIT_OK
