@@ -148,6 +148,21 @@ static PyObject *make_view(Lane *s, uint64_t pos, uint64_t n) {
     return mv;
 }
 
+/* the exception being raised, as one object (cleared) */
+static PyObject *get_raised(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (tb != NULL) PyException_SetTraceback(ev, tb);
+    Py_XDECREF(et);
+    Py_XDECREF(tb);
+    return ev;
+#endif
+}
+
 /* release a payload view: drop it, releasing it first if something kept a reference
    (an exception already set, by the call that had the view, is kept) */
 static int drop_view(PyObject *view) {
@@ -703,11 +718,12 @@ static PyObject *r_next_pairs(Lane *s, PyObject *Py_UNUSED(ignored)) {
 
 static PyObject *r_read_many(Lane *s, PyObject *const *args, Py_ssize_t nargs) {
     LIVE_OR_NULL(s);
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "read_many(fn, max_n, out)");
+    if (nargs < 3 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "read_many(fn, max_n, out, on_error=None)");
         return NULL;
     }
     PyObject *fn = args[0], *out = args[2];
+    PyObject *on_error = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
     Py_ssize_t max_n = PyLong_AsSsize_t(args[1]);
     if (max_n == -1 && PyErr_Occurred()) return NULL;
     int is_list = PyList_CheckExact(out);
@@ -731,6 +747,13 @@ static PyObject *r_read_many(Lane *s, PyObject *const *args, Py_ssize_t nargs) {
         PyObject *view = make_view(s, pos + 4, n);
         if (view == NULL) return NULL;
         PyObject *obj = PyObject_CallOneArg(fn, view);
+        if (obj == NULL && on_error != NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+            /* on_error(view, exc), the view still valid: what it raises replaces exc,
+               what it returns is taken as the record */
+            PyObject *exc = get_raised();
+            obj = PyObject_CallFunctionObjArgs(on_error, view, exc, NULL);
+            Py_DECREF(exc);
+        }
         if (drop_view(view) < 0) {
             Py_XDECREF(obj);
             return NULL;
@@ -828,7 +851,9 @@ static PyMethodDef reader_methods[] = {
     {"next_pairs", (PyCFunction)r_next_pairs, METH_NOARGS,
      "The release lane: the next frame's u64 words, or None."},
     {"read_many", (PyCFunction)(void (*)(void))r_read_many, METH_FASTCALL,
-     "Append fn(payload) of up to max_n frames to out; return the payload bytes read."},
+     "Append fn(payload) of up to max_n frames to out; return the payload bytes read.\n"
+     "If fn raises, on_error(payload, exc) (when given) is called with the payload still\n"
+     "valid: what it raises replaces exc, what it returns is taken as the record."},
     {"commit", (PyCFunction)r_commit, METH_NOARGS,
      "Hand the space of every frame read so far back to the writer."},
     {"available", (PyCFunction)r_available, METH_NOARGS,

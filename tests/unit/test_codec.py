@@ -1092,3 +1092,55 @@ def test_lift_pass_does_not_copy_records_without_tuples() -> None:
         assert calls == [1]
     finally:
         msgspec.structs.replace = orig
+
+
+def test_encode_many_with_stops_after_a_record_that_placed() -> None:
+    class Placer(list):  # the shape of a slot pool's placement: a list, empty until used
+        def __call__(self, arr: Any) -> SlotRef | None:
+            if arr.nbytes < 64:
+                return None
+            self.append(arr)
+            return SlotRef(
+                version=1,
+                pool=9,
+                slot=len(self) - 1,
+                generation=0,
+                offset=0,
+                nbytes=arr.nbytes,
+                shape=arr.shape,
+                dtype=arr.dtype.str,
+                kind="numpy",
+            )
+
+    e = Encoder()
+    items = [1, (2, 3), np.arange(2), {"a": np.arange(64)}, "x", np.arange(100)]
+    out: list[bytes] = []
+    p = Placer()
+    assert e.encode_many_with(items, 0, p, out) == 4  # stopped after the placing record
+    assert len(p) == 1 and len(out) == 4
+    assert e.encode_many_with(items, 4, Placer(), out) == 6
+    assert [dec.decode(b) for b in out[:3]][:2] == [1, (2, 3)]
+    assert out[0] == enc.encode(1) and out[1] == enc.encode((2, 3)) and out[4] == enc.encode("x")
+    assert isinstance(dec.decode(out[3])["a"], SlotRef)
+    assert e.encode_many_with(items, 6, Placer(), out) == 6
+    with pytest.raises(EncodeError):
+        e.encode_many_with([1, object()], 0, Placer(), out)
+    assert out[-1] == enc.encode(1)  # what was encoded before the error is kept
+
+
+def test_raw_decode_and_reraise_match_decode() -> None:
+    d = Decoder(int)
+    assert d.raw_decode(enc.encode(5)) == 5
+    for bad in (b"\xc1", enc.encode("not an int")):
+        with pytest.raises(DecodeError) as want:
+            d.decode(bad)
+        try:
+            d.raw_decode(bad)
+        except Exception as exc:
+            with pytest.raises(DecodeError) as got:
+                d.reraise(exc)
+            assert str(got.value) == str(want.value)
+        else:
+            raise AssertionError("raw_decode accepted a bad message")
+    with pytest.raises(KeyError):
+        d.reraise(KeyError("other errors pass through"))
