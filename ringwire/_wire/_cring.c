@@ -953,7 +953,58 @@ static PyObject *mod_fence(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* -- the codec's lift pass: is there anything to lift? ------------------------------ */
+
+/* 0: every value in `o` (through exact lists and dicts' values) has a type in
+   `atomic`, so the lift pass would return `o` unchanged; 1: the Python pass must look
+   (anything else, or nesting deeper than LIFT_DEPTH); -1: error set */
+#define LIFT_DEPTH 64
+static int scan_lift(PyObject *o, PyObject *atomic, int depth) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyLong_Type || t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyBool_Type ||
+        o == Py_None || t == &PyBytes_Type)
+        return 0;
+    if (depth > LIFT_DEPTH) return 1;
+    if (t == &PyList_Type) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); i++) {
+            PyObject *x = PyList_GET_ITEM(o, i);
+            Py_INCREF(x); /* a value's lookup below may run code that changes the list */
+            int r = scan_lift(x, atomic, depth + 1);
+            Py_DECREF(x);
+            if (r) return r;
+        }
+        return 0;
+    }
+    if (t == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v)) {
+            Py_INCREF(v);
+            int r = scan_lift(v, atomic, depth + 1);
+            Py_DECREF(v);
+            if (r) return r;
+        }
+        return 0;
+    }
+    int in = PySet_Contains(atomic, (PyObject *)t);
+    if (in < 0) return -1;
+    return !in;
+}
+
+static PyObject *mod_needs_lift(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyAnySet_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "needs_lift(obj, atomic_types: set)");
+        return NULL;
+    }
+    int r = scan_lift(args[0], args[1], 0);
+    if (r < 0) return NULL;
+    return PyBool_FromLong(r);
+}
+
 static PyMethodDef module_methods[] = {
+    {"needs_lift", (PyCFunction)(void (*)(void))mod_needs_lift, METH_FASTCALL,
+     "Might the codec's lift pass change obj?  False: every value in it (through lists\n"
+     "and dict values) is of a type in atomic_types."},
     {"init_errors", mod_init_errors, METH_VARARGS,
      "Set the exception classes the lanes raise (RingCorrupted, FrameTooLarge)."},
     {"fence", mod_fence, METH_NOARGS, "A full memory barrier (a seq_cst fence)."},

@@ -60,7 +60,7 @@ from .dtypes import (
     torch_module,
 )
 from .leaves import LEAF_ENCODERS, leaf_decoders, leaf_encoder
-from .lift import ATOMIC, map_dict, map_list, struct_plan
+from .lift import ATOMIC, map_dict, map_list, needs_lift, struct_plan
 
 __all__ = ["Encoder", "Decoder", "encode", "decode"]
 
@@ -221,7 +221,9 @@ class Encoder:
     def encode(self, obj: Any) -> bytes:
         """Return ``obj`` as msgpack bytes.  Raises :class:`~ringwire.EncodeError`."""
         try:
-            if type(obj) not in self._atomic:
+            if type(obj) not in self._atomic and (
+                needs_lift is None or needs_lift(obj, self._atomic)
+            ):
                 obj = self._lift_any(obj)
             return self._msg.encode(obj)
         except EncodeError:
@@ -238,7 +240,9 @@ class Encoder:
         whatever the placer raises."""
         self._call_placer = placer  # (placers never encode: no call nests in another)
         try:  # encode(), inlined: this runs once per record on a channel with slots
-            if type(obj) not in self._atomic:
+            if type(obj) not in self._atomic and (
+                needs_lift is None or needs_lift(obj, self._atomic)
+            ):
                 obj = self._lift_any(obj)
             return self._msg.encode(obj)
         except EncodeError:
@@ -264,7 +268,7 @@ class Encoder:
         try:
             for i in range(start, n):
                 obj = items[i]
-                if type(obj) not in atomic:
+                if type(obj) not in atomic and (needs_lift is None or needs_lift(obj, atomic)):
                     obj = self._lift_any(obj)
                 append(encode(obj))
                 if placer:
@@ -281,7 +285,9 @@ class Encoder:
         """Encode ``obj`` into ``buffer`` at ``offset`` (msgspec semantics: the
         buffer is resized to end exactly after the message; ``offset=-1`` appends)."""
         try:
-            if type(obj) not in self._atomic:
+            if type(obj) not in self._atomic and (
+                needs_lift is None or needs_lift(obj, self._atomic)
+            ):
                 obj = self._lift_any(obj)
             self._msg.encode_into(obj, buffer, offset)
         except EncodeError:
