@@ -83,13 +83,12 @@ from .._wire.codec import Decoder, Encoder
 from .._wire.control import DOORBELL_CLOSE, DOORBELL_DATA, DOORBELL_SPACE
 from .._wire.descriptors import CudaRef
 from .._wire.lanes import RING_READERS
-from .._wire.ring import TAIL, fence
+from .._wire.ring import fence
 from .batching import (
     decode_failed,
     encode_batch,
     keep_placement,
     read_ring_batch,
-    take_placement,
 )
 from .statistics import ChannelStatistics, channel_statistics
 from .transport import Transport
@@ -177,6 +176,10 @@ class Endpoint:
         # a transport that carries arrays beside the record brings its own encoder
         self.enc = getattr(transport, "encoder", None) or Encoder()
         self.shm_pool = isinstance(self.pool, SendPool)  # else: ask pool.has_work()
+        # has the release lane a frame?  (on the C ring one C call, no ints made)
+        self._releases_ready: Callable[[], Any] = (
+            self.pool.reader.available if isinstance(self.pool, SendPool) else _nothing
+        )
         self._resolver = self.peer.resolve if self.peer is not None else _no_pool
         self.dec = Decoder(type, resolver=self._resolver)
         self._decoders: dict[Any, Decoder] = {type: self.dec}
@@ -339,14 +342,8 @@ class Endpoint:
             elif not self.shm_pool:
                 if pool.has_work():
                     self._poll_pool(pool)
-            else:  # pool.has_work(), inlined: this runs on every send and receive
-                lane = pool.reader
-                if (
-                    pool.loan_returns
-                    or lane.head != lane.tail_seen
-                    or lane.header[TAIL] != lane.head
-                ):
-                    self._poll_pool(pool)
+            elif pool.loan_returns or self._releases_ready():  # pool.has_work(), inlined
+                self._poll_pool(pool)
 
     def _poll_pool(self, pool: SendPool) -> None:
         try:
@@ -380,7 +377,11 @@ class Endpoint:
         assert pool is not None
         if self.tx_blocked:
             self.check_send()  # closed, broken or gone: nothing to place
-        placement = take_placement(self, pool, policy)
+        placement = self.spare  # take_placement(), inlined: this runs once per record
+        if placement is None or self.spare_policy != policy:
+            placement = pool.placement(policy)
+            self.spare_policy = policy
+        self.spare = None
         try:
             payload = self.enc.encode_with(item, placement)
             if len(payload) > self.tx.max_payload:
