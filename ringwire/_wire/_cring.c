@@ -15,9 +15,9 @@ Memory ordering (what each acquire pairs with)
     loads the tail with memory_order_acquire before it reads any frame below it
     (next_frame, read_many, next_pairs, available).  Release/acquire on the tail word:
     every byte of the frames is visible to the reader that saw the new tail.
-(2) Hand back.  The reader reads (and decodes: read_many calls `fn` before it moves
-    on) every frame below its private head, then commit() stores the head with
-    memory_order_release.  The writer loads the head with memory_order_acquire before
+(2) Hand back.  The reader reads (and decodes: read_many calls `fn`, and `on_error`
+    when `fn` raises, before it moves on) every frame below its private head, then
+    commit() stores the head with memory_order_release.  The writer loads the head with memory_order_acquire before
     it reuses the space (refresh_head).  So the writer's overwrite of freed space
     happens after the reader's last read of it.  (The pure path relies on a control
     dependency here; an acquire is stronger, and both are correct together: the pure
@@ -50,6 +50,9 @@ raises RingCorrupted.  Every access into the data area is at an offset below
 `capacity` by construction (positions are masked; lengths are checked against the
 position before any byte is touched), so no peer value moves a pointer out of the
 ring.
+
+needs_lift (the codec's lift-pass scan) touches no shared memory: it walks the
+caller's own lists and dicts (exact types only, at most 64 levels deep).
 
 Payload views are memoryviews exported by the lane object itself (its buffer
 protocol, one export per view), so a lane whose views are alive keeps its own export
