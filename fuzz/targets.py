@@ -486,6 +486,13 @@ def ring(data: bytes) -> str:
     return _ring_attach(body)
 
 
+def _on_error(v: memoryview, exc: Exception) -> bytes:
+    b = bytes(v)  # the payload is still valid here
+    if b[1:2] == b"\x01":
+        return b"recovered:" + b
+    raise DecodeError(f"replaced: {exc}")
+
+
 def _outcomes(reader: Any, how: str, fn: Callable[[memoryview], Any]) -> list[Any]:
     """Everything a reader makes of its ring, errors as ("!", type, message)."""
     got: list[Any] = []
@@ -498,9 +505,13 @@ def _outcomes(reader: Any, how: str, fn: Callable[[memoryview], Any]) -> list[An
                     v.release()
             elif how == "next_pairs":
                 item = reader.next_pairs()
-            else:
+            elif how == "read_many":
                 out: list[bytes] = []
                 n = reader.read_many(fn, 3, out)
+                item = (n, out) if out else None
+            else:  # read_many with on_error: what it returns is a record, what it raises wins
+                out = []
+                n = reader.read_many(fn, 3, out, _on_error)
                 item = (n, out) if out else None
         except (RingCorrupted, DecodeError) as exc:
             got.append(("!", type(exc).__name__, str(exc)))
@@ -516,7 +527,8 @@ def _outcomes(reader: Any, how: str, fn: Callable[[memoryview], Any]) -> list[An
 
 def _ring_differential(data: bytes) -> str:
     """The C reader and the Python reader over copies of one ring: same frames, same
-    errors (type and message), for next_frame, read_many and next_pairs."""
+    errors (type and message), for next_frame, read_many (with and without on_error)
+    and next_pairs."""
     if len(data) < 12:
         return "short"
     head = int.from_bytes(data[:8], "little") % (1 << 63) & ~7
@@ -531,7 +543,7 @@ def _ring_differential(data: bytes) -> str:
         return b
 
     results = []
-    for how in ("next_frame", "read_many", "next_pairs"):
+    for how in ("next_frame", "read_many", "read_many_on_error", "next_pairs"):
         pair = []
         for R in (lanes.PureRingReader, lanes.NativeRingReader):
             buf = _ring_with(head, tail, area)

@@ -82,7 +82,14 @@ from .._shm.sendpool import Placed, SendPool
 from .._wire.codec import Decoder, Encoder
 from .._wire.control import DOORBELL_CLOSE, DOORBELL_DATA, DOORBELL_SPACE
 from .._wire.descriptors import CudaRef
-from .._wire.ring import TAIL, fence
+from .._wire.lanes import RING_READERS
+from .._wire.ring import fence
+from .batching import (
+    decode_failed,
+    encode_batch,
+    keep_placement,
+    read_ring_batch,
+)
 from .statistics import ChannelStatistics, channel_statistics
 from .transport import Transport
 
@@ -162,10 +169,17 @@ class Endpoint:
         self.slots_on = self.pool is not None or self.peer is not None
         # (payload, error) of a record that failed to decode and was left unread
         self._undecodable: tuple[bytes, str] | None = None
+        self.rx_on_error = isinstance(self.rx, RING_READERS)  # read_many takes on_error
+        self.spare: Any = None  # a placement that placed nothing, to use again
+        self.spare_policy: str | None = None
         # the one place where codecs are made: the send pool places, the peer's resolves
         # a transport that carries arrays beside the record brings its own encoder
         self.enc = getattr(transport, "encoder", None) or Encoder()
-        self._shm_pool = isinstance(self.pool, SendPool)  # else: ask pool.has_work()
+        self.shm_pool = isinstance(self.pool, SendPool)  # else: ask pool.has_work()
+        # has the release lane a frame?  (on the C ring one C call, no ints made)
+        self._releases_ready: Callable[[], Any] = (
+            self.pool.reader.available if isinstance(self.pool, SendPool) else _nothing
+        )
         self._resolver = self.peer.resolve if self.peer is not None else _no_pool
         self.dec = Decoder(type, resolver=self._resolver)
         self._decoders: dict[Any, Decoder] = {type: self.dec}
@@ -325,17 +339,11 @@ class Endpoint:
                     pool.reclaim()  # only takes back loans dropped since
             elif self.eof:
                 pool.reclaim()
-            elif not self._shm_pool:
+            elif not self.shm_pool:
                 if pool.has_work():
                     self._poll_pool(pool)
-            else:  # pool.has_work(), inlined: this runs on every send and receive
-                lane = pool.reader
-                if (
-                    pool.loan_returns
-                    or lane.head != lane.tail_seen
-                    or lane.header[TAIL] != lane.head
-                ):
-                    self._poll_pool(pool)
+            elif pool.loan_returns or self._releases_ready():  # pool.has_work(), inlined
+                self._poll_pool(pool)
 
     def _poll_pool(self, pool: SendPool) -> None:
         try:
@@ -369,7 +377,11 @@ class Endpoint:
         assert pool is not None
         if self.tx_blocked:
             self.check_send()  # closed, broken or gone: nothing to place
-        placement = pool.placement(policy)
+        placement = self.spare  # take_placement(), inlined: this runs once per record
+        if placement is None or self.spare_policy != policy:
+            placement = pool.placement(policy)
+            self.spare_policy = policy
+        self.spare = None
         try:
             payload = self.enc.encode_with(item, placement)
             if len(payload) > self.tx.max_payload:
@@ -377,30 +389,14 @@ class Endpoint:
         except BaseException:
             pool.abort(placement)
             raise
-        return payload, placement
+        return payload, keep_placement(self, placement)
 
     def encode_batch(
         self, items: Sequence[Any], start: int, policy: str | None
     ) -> tuple[list[bytes], list[Placed], int | CudaNeed | None]:
         """Encode ``items[start:]`` until one needs a slot that is not free (policy
         "wait"): the payloads so far, their slots, and the bytes that one needs."""
-        pool = self.pool
-        assert pool is not None
-        payloads: list[bytes] = []
-        placed: list[Placed] = []
-        try:
-            for k in range(start, len(items)):
-                try:
-                    payload, p = self.encode_placed(items[k], policy)
-                except NeedSlot as need:
-                    return payloads, placed, need.nbytes
-                payloads.append(payload)
-                placed.append(p)
-        except BaseException:
-            for p in placed:
-                pool.abort(p)
-            raise
-        return payloads, placed, None
+        return encode_batch(self, items, start, policy)
 
     def loan_now(self, pool: SendPool, spec: Any, policy: str) -> Any:
         """One loan attempt: the loaned array, the inline fallback, or ``None`` (wait
@@ -578,10 +574,11 @@ class Endpoint:
         if view is None:
             return EMPTY
         try:
-            if self.peer is None:
-                obj = dec.decode(view)
-            elif self._undecodable is None:
-                obj = self.peer.decode(dec, view)
+            if self._undecodable is None:
+                try:
+                    obj = dec.raw_decode(view)
+                except Exception as exc:
+                    decode_failed(self.peer, dec, view, exc)
             else:
                 obj = self._decode_resolving(dec, view)
             self.n_recv += 1
@@ -621,6 +618,13 @@ class Endpoint:
         failures: list[tuple[bytes, str]] = []
         decode: Any = dec.decode
         peer = self.peer
+        if self.rx_on_error and self._undecodable is None:  # a ring lane
+            out, nbytes, failure = read_ring_batch(self, dec, max_n)
+            if failure is not None:  # the batch ended before it, left unread
+                self._undecodable = failure
+            self.n_recv += len(out)
+            self.b_recv += nbytes
+            return out
         if peer is not None:
 
             def decode_resolving(view: memoryview) -> Any:

@@ -15,9 +15,9 @@ Memory ordering (what each acquire pairs with)
     loads the tail with memory_order_acquire before it reads any frame below it
     (next_frame, read_many, next_pairs, available).  Release/acquire on the tail word:
     every byte of the frames is visible to the reader that saw the new tail.
-(2) Hand back.  The reader reads (and decodes: read_many calls `fn` before it moves
-    on) every frame below its private head, then commit() stores the head with
-    memory_order_release.  The writer loads the head with memory_order_acquire before
+(2) Hand back.  The reader reads (and decodes: read_many calls `fn`, and `on_error`
+    when `fn` raises, before it moves on) every frame below its private head, then
+    commit() stores the head with memory_order_release.  The writer loads the head with memory_order_acquire before
     it reuses the space (refresh_head).  So the writer's overwrite of freed space
     happens after the reader's last read of it.  (The pure path relies on a control
     dependency here; an acquire is stronger, and both are correct together: the pure
@@ -50,6 +50,9 @@ raises RingCorrupted.  Every access into the data area is at an offset below
 `capacity` by construction (positions are masked; lengths are checked against the
 position before any byte is touched), so no peer value moves a pointer out of the
 ring.
+
+needs_lift (the codec's lift-pass scan) touches no shared memory: it walks the
+caller's own lists and dicts (exact types only, at most 64 levels deep).
 
 Payload views are memoryviews exported by the lane object itself (its buffer
 protocol, one export per view), so a lane whose views are alive keeps its own export
@@ -146,6 +149,21 @@ static PyObject *make_view(Lane *s, uint64_t pos, uint64_t n) {
     PyObject *mv = PyMemoryView_FromObject((PyObject *)s);
     s->exp_ptr = NULL;
     return mv;
+}
+
+/* the exception being raised, as one object (cleared) */
+static PyObject *get_raised(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (tb != NULL) PyException_SetTraceback(ev, tb);
+    Py_XDECREF(et);
+    Py_XDECREF(tb);
+    return ev;
+#endif
 }
 
 /* release a payload view: drop it, releasing it first if something kept a reference
@@ -703,11 +721,12 @@ static PyObject *r_next_pairs(Lane *s, PyObject *Py_UNUSED(ignored)) {
 
 static PyObject *r_read_many(Lane *s, PyObject *const *args, Py_ssize_t nargs) {
     LIVE_OR_NULL(s);
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "read_many(fn, max_n, out)");
+    if (nargs < 3 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "read_many(fn, max_n, out, on_error=None)");
         return NULL;
     }
     PyObject *fn = args[0], *out = args[2];
+    PyObject *on_error = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
     Py_ssize_t max_n = PyLong_AsSsize_t(args[1]);
     if (max_n == -1 && PyErr_Occurred()) return NULL;
     int is_list = PyList_CheckExact(out);
@@ -731,6 +750,13 @@ static PyObject *r_read_many(Lane *s, PyObject *const *args, Py_ssize_t nargs) {
         PyObject *view = make_view(s, pos + 4, n);
         if (view == NULL) return NULL;
         PyObject *obj = PyObject_CallOneArg(fn, view);
+        if (obj == NULL && on_error != NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+            /* on_error(view, exc), the view still valid: what it raises replaces exc,
+               what it returns is taken as the record */
+            PyObject *exc = get_raised();
+            obj = PyObject_CallFunctionObjArgs(on_error, view, exc, NULL);
+            Py_DECREF(exc);
+        }
         if (drop_view(view) < 0) {
             Py_XDECREF(obj);
             return NULL;
@@ -828,7 +854,9 @@ static PyMethodDef reader_methods[] = {
     {"next_pairs", (PyCFunction)r_next_pairs, METH_NOARGS,
      "The release lane: the next frame's u64 words, or None."},
     {"read_many", (PyCFunction)(void (*)(void))r_read_many, METH_FASTCALL,
-     "Append fn(payload) of up to max_n frames to out; return the payload bytes read."},
+     "Append fn(payload) of up to max_n frames to out; return the payload bytes read.\n"
+     "If fn raises, on_error(payload, exc) (when given) is called with the payload still\n"
+     "valid: what it raises replaces exc, what it returns is taken as the record."},
     {"commit", (PyCFunction)r_commit, METH_NOARGS,
      "Hand the space of every frame read so far back to the writer."},
     {"available", (PyCFunction)r_available, METH_NOARGS,
@@ -928,7 +956,58 @@ static PyObject *mod_fence(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* -- the codec's lift pass: is there anything to lift? ------------------------------ */
+
+/* 0: every value in `o` (through exact lists and dicts' values) has a type in
+   `atomic`, so the lift pass would return `o` unchanged; 1: the Python pass must look
+   (anything else, or nesting deeper than LIFT_DEPTH); -1: error set */
+#define LIFT_DEPTH 64
+static int scan_lift(PyObject *o, PyObject *atomic, int depth) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyLong_Type || t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyBool_Type ||
+        o == Py_None || t == &PyBytes_Type)
+        return 0;
+    if (depth > LIFT_DEPTH) return 1;
+    if (t == &PyList_Type) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); i++) {
+            PyObject *x = PyList_GET_ITEM(o, i);
+            Py_INCREF(x); /* a value's lookup below may run code that changes the list */
+            int r = scan_lift(x, atomic, depth + 1);
+            Py_DECREF(x);
+            if (r) return r;
+        }
+        return 0;
+    }
+    if (t == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v)) {
+            Py_INCREF(v);
+            int r = scan_lift(v, atomic, depth + 1);
+            Py_DECREF(v);
+            if (r) return r;
+        }
+        return 0;
+    }
+    int in = PySet_Contains(atomic, (PyObject *)t);
+    if (in < 0) return -1;
+    return !in;
+}
+
+static PyObject *mod_needs_lift(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyAnySet_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "needs_lift(obj, atomic_types: set)");
+        return NULL;
+    }
+    int r = scan_lift(args[0], args[1], 0);
+    if (r < 0) return NULL;
+    return PyBool_FromLong(r);
+}
+
 static PyMethodDef module_methods[] = {
+    {"needs_lift", (PyCFunction)(void (*)(void))mod_needs_lift, METH_FASTCALL,
+     "Might the codec's lift pass change obj?  False: every value in it (through lists\n"
+     "and dict values) is of a type in atomic_types."},
     {"init_errors", mod_init_errors, METH_VARARGS,
      "Set the exception classes the lanes raise (RingCorrupted, FrameTooLarge)."},
     {"fence", mod_fence, METH_NOARGS, "A full memory barrier (a seq_cst fence)."},

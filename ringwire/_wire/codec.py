@@ -41,8 +41,8 @@ import array
 import math
 import re
 import struct
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NoReturn
 
 import msgspec
 import numpy as np
@@ -60,7 +60,7 @@ from .dtypes import (
     torch_module,
 )
 from .leaves import LEAF_ENCODERS, leaf_decoders, leaf_encoder
-from .lift import ATOMIC, map_dict, map_list, struct_plan
+from .lift import ATOMIC, map_dict, map_list, needs_lift, struct_plan
 
 __all__ = ["Encoder", "Decoder", "encode", "decode"]
 
@@ -221,7 +221,9 @@ class Encoder:
     def encode(self, obj: Any) -> bytes:
         """Return ``obj`` as msgpack bytes.  Raises :class:`~ringwire.EncodeError`."""
         try:
-            if type(obj) not in self._atomic:
+            if type(obj) not in self._atomic and (
+                needs_lift is None or needs_lift(obj, self._atomic)
+            ):
                 obj = self._lift_any(obj)
             return self._msg.encode(obj)
         except EncodeError:
@@ -238,7 +240,9 @@ class Encoder:
         whatever the placer raises."""
         self._call_placer = placer  # (placers never encode: no call nests in another)
         try:  # encode(), inlined: this runs once per record on a channel with slots
-            if type(obj) not in self._atomic:
+            if type(obj) not in self._atomic and (
+                needs_lift is None or needs_lift(obj, self._atomic)
+            ):
                 obj = self._lift_any(obj)
             return self._msg.encode(obj)
         except EncodeError:
@@ -248,11 +252,42 @@ class Encoder:
         finally:
             self._call_placer = None  # drop the record's placement
 
+    def encode_many_with(
+        self, items: Sequence[Any], start: int, placer: Any, out: list[bytes]
+    ) -> int:
+        """Encode ``items[start:]`` with ``placer`` (as :meth:`encode_with`), appending
+        each payload to ``out``, until one record has placed something (``placer`` is
+        a list, empty until it places): return the index after the last record encoded.
+        A batch's records without arrays cost one loop turn each.  Raises what
+        :meth:`encode_with` raises (``out`` then holds the records encoded before)."""
+        self._call_placer = placer
+        encode = self._msg.encode
+        atomic = self._atomic
+        append = out.append
+        n = len(items)
+        try:
+            for i in range(start, n):
+                obj = items[i]
+                if type(obj) not in atomic and (needs_lift is None or needs_lift(obj, atomic)):
+                    obj = self._lift_any(obj)
+                append(encode(obj))
+                if placer:
+                    return i + 1
+            return n
+        except EncodeError:
+            raise
+        except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
+            raise EncodeError(str(exc)) from exc
+        finally:
+            self._call_placer = None
+
     def encode_into(self, obj: Any, buffer: bytearray, offset: int = 0) -> None:
         """Encode ``obj`` into ``buffer`` at ``offset`` (msgspec semantics: the
         buffer is resized to end exactly after the message; ``offset=-1`` appends)."""
         try:
-            if type(obj) not in self._atomic:
+            if type(obj) not in self._atomic and (
+                needs_lift is None or needs_lift(obj, self._atomic)
+            ):
                 obj = self._lift_any(obj)
             self._msg.encode_into(obj, buffer, offset)
         except EncodeError:
@@ -497,6 +532,11 @@ class Decoder:
         self._user_dec_hook = dec_hook
         self._msg = msgspec.msgpack.Decoder(type, ext_hook=self._ext_hook, dec_hook=self._dec_hook)
         self._any = msgspec.msgpack.Decoder(ext_hook=self._ext_hook)
+        # decode() without its error translation (one Python frame less per record, for
+        # a hot loop): what it raises must go through reraise()
+        self.raw_decode: Callable[[Any], Any] = (
+            self._msg.decode if self.__class__.decode is Decoder.decode else self.decode
+        )
         self._ext_table: dict[int, Callable[[memoryview], Any]] = {
             X.ARRAY: self._array,
             X.TORCH_TENSOR: self._tensor,
@@ -523,6 +563,18 @@ class Decoder:
             raise DecodeError(str(exc)) from exc
         except RecursionError as exc:
             raise DecodeError("message is nested too deeply") from exc
+
+    @staticmethod
+    def reraise(exc: BaseException) -> NoReturn:
+        """Raise what :meth:`decode` would have raised where :attr:`raw_decode` raised
+        ``exc``: a :class:`~ringwire.DecodeError` for a malformed message, else ``exc``."""
+        if isinstance(exc, (msgspec.DecodeError, UnicodeDecodeError)) and not isinstance(
+            exc, DecodeError
+        ):
+            raise DecodeError(str(exc)) from exc
+        if isinstance(exc, RecursionError):
+            raise DecodeError("message is nested too deeply") from exc
+        raise exc
 
     # -- hooks --------------------------------------------------------------------------
 

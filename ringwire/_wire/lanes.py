@@ -35,6 +35,7 @@ from .ring import RingWriter as PureRingWriter
 __all__ = [
     "NATIVE",
     "REASON",
+    "RING_READERS",
     "NativeReleaseLaneWriter",
     "NativeRingReader",
     "NativeRingWriter",
@@ -160,6 +161,11 @@ else:
     REASON = _BUILT
 NATIVE: bool = not REASON
 """Is the C fast path active?  (``ringwire.native``.)"""
+
+RING_READERS: tuple[type, ...] = (PureRingReader,) + (
+    (NativeRingReader,) if NativeRingReader is not None else ()
+)
+"""Both ring reader classes (whose ``read_many`` takes ``on_error``)."""
 
 RingWriter: Any = NativeRingWriter if NATIVE else PureRingWriter
 RingReader: Any = NativeRingReader if NATIVE else PureRingReader

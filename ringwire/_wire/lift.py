@@ -15,7 +15,18 @@ from typing import Any
 import msgspec
 import numpy as np
 
-__all__ = ["ATOMIC", "map_list", "map_dict", "map_items", "map_tuple", "struct_plan"]
+from .lanes import NATIVE
+
+__all__ = ["ATOMIC", "map_list", "map_dict", "map_items", "map_tuple", "needs_lift", "struct_plan"]
+
+needs_lift: Callable[[Any, set[type]], bool] | None = None
+"""``needs_lift(obj, atomic)`` (the C fast path, ``ringwire/_wire/_cring.c``): ``False``
+when every value in ``obj`` -- through exact lists and dicts' values -- has a type in
+``atomic``, so the lift pass would return ``obj`` unchanged and the encoder skips it
+(a dict of plain values: one C call instead of a Python walk).  ``None`` on the pure
+path."""
+if NATIVE:
+    from ._cring import needs_lift
 
 # Types whose values never hold anything to lift: the lift pass returns them at once.
 ATOMIC: set[type] = {int, float, str, bytes, bool, type(None), bytearray, memoryview, np.ndarray}

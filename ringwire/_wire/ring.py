@@ -603,14 +603,23 @@ class RingReader(_Lane):
         self.head = head + need
         return self._data[pos + 4 : pos + 4 + n]
 
-    def read_many(self, fn: Callable[[memoryview], Any], max_n: int, out: list[Any]) -> int:
+    def read_many(
+        self,
+        fn: Callable[[memoryview], Any],
+        max_n: int,
+        out: list[Any],
+        on_error: Callable[[memoryview, Exception], Any] | None = None,
+    ) -> int:
         """Apply ``fn`` to the payloads of up to ``max_n`` published frames, appending
         the results to ``out``; return the payload bytes read.  Nothing is committed.
 
         If ``fn`` raises (an undecodable record) or a frame is corrupt, the batch ends
         before that frame -- unless it is the first, in which case the error
         propagates (and an undecodable record counts as read, so the next call goes
-        on after it).
+        on after it).  ``on_error(payload, exc)``, if given, is called first when
+        ``fn`` raises, the payload still valid: what it raises replaces ``exc``, what
+        it returns is taken as the record (so ``fn`` can be a raw decoder, with the
+        error handling off the per-record path).
         """
         head = self.head
         tail = self.tail_seen
@@ -646,7 +655,12 @@ class RingReader(_Lane):
                 )
             view = data[pos + 4 : pos + 4 + n]
             try:
-                obj = fn(view)
+                try:
+                    obj = fn(view)
+                except Exception as exc:
+                    if on_error is None:
+                        raise
+                    obj = on_error(view, exc)
             except Exception:
                 if not k:
                     self.head = start + need  # the bad record is consumed

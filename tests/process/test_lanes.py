@@ -157,6 +157,17 @@ while time.monotonic() < deadline:
             data[pos : pos + 4] = v.to_bytes(4, "little")
     targets.TARGETS[tname].run(bytes(data))
     runs += 1
+# the lift scan: random nests of lists, dicts and leaves (deep ones too)
+atomic = {int, float, str, bytes, bool, type(None)}
+def nest(d):
+    k = rng.randrange(6) if d < 80 else 5
+    if k == 0:
+        return [nest(d + 1) for _ in range(rng.randrange(4))]
+    if k == 1:
+        return {str(i): nest(d + 1) for i in range(rng.randrange(4))}
+    return rng.choice([1, 2.5, "s", b"b", None, True, (1,), {1}, [], {}])
+for _ in range(20000):
+    mod.needs_lift(nest(0), atomic)
 print("runs", runs)
 """
 
@@ -167,8 +178,9 @@ print("runs", runs)
 def test_the_c_parser_under_address_sanitizer(tmp_path) -> None:
     """The C ring built with ``-fsanitize=address,undefined``, loaded in place of the
     normal build, driven by the ``ring_native`` and ``release_lane`` fuzz targets (random
-    mutations of their seeds) for ``RINGWIRE_ASAN_SECONDS`` (default 60): any
-    out-of-bounds access aborts the process."""
+    mutations of their seeds) for ``RINGWIRE_ASAN_SECONDS`` (default 60), then the lift
+    scan (``needs_lift``) over random nests: any out-of-bounds access aborts the
+    process."""
     import shutil
     import sysconfig
 

@@ -1092,3 +1092,112 @@ def test_lift_pass_does_not_copy_records_without_tuples() -> None:
         assert calls == [1]
     finally:
         msgspec.structs.replace = orig
+
+
+def test_encode_many_with_stops_after_a_record_that_placed() -> None:
+    class Placer(list):  # the shape of a slot pool's placement: a list, empty until used
+        def __call__(self, arr: Any) -> SlotRef | None:
+            if arr.nbytes < 64:
+                return None
+            self.append(arr)
+            return SlotRef(
+                version=1,
+                pool=9,
+                slot=len(self) - 1,
+                generation=0,
+                offset=0,
+                nbytes=arr.nbytes,
+                shape=arr.shape,
+                dtype=arr.dtype.str,
+                kind="numpy",
+            )
+
+    e = Encoder()
+    items = [1, (2, 3), np.arange(2), {"a": np.arange(64)}, "x", np.arange(100)]
+    out: list[bytes] = []
+    p = Placer()
+    assert e.encode_many_with(items, 0, p, out) == 4  # stopped after the placing record
+    assert len(p) == 1 and len(out) == 4
+    assert e.encode_many_with(items, 4, Placer(), out) == 6
+    assert [dec.decode(b) for b in out[:3]][:2] == [1, (2, 3)]
+    assert out[0] == enc.encode(1) and out[1] == enc.encode((2, 3)) and out[4] == enc.encode("x")
+    assert isinstance(dec.decode(out[3])["a"], SlotRef)
+    assert e.encode_many_with(items, 6, Placer(), out) == 6
+    with pytest.raises(EncodeError):
+        e.encode_many_with([1, object()], 0, Placer(), out)
+    assert out[-1] == enc.encode(1)  # what was encoded before the error is kept
+
+
+def test_raw_decode_and_reraise_match_decode() -> None:
+    d = Decoder(int)
+    assert d.raw_decode(enc.encode(5)) == 5
+    for bad in (b"\xc1", enc.encode("not an int")):
+        with pytest.raises(DecodeError) as want:
+            d.decode(bad)
+        try:
+            d.raw_decode(bad)
+        except Exception as exc:
+            with pytest.raises(DecodeError) as got:
+                d.reraise(exc)
+            assert str(got.value) == str(want.value)
+        else:
+            raise AssertionError("raw_decode accepted a bad message")
+    with pytest.raises(KeyError):
+        d.reraise(KeyError("other errors pass through"))
+
+
+_plain = st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=5), st.floats(), st.none())
+_values = st.recursive(
+    st.one_of(_plain, st.tuples(_plain), st.frozensets(st.integers(0, 99), max_size=2)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=3), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_values)
+def test_the_c_lift_scan_agrees_with_the_lift_pass(v: Any) -> None:
+    from ringwire._wire import lanes, lift
+
+    if not lanes.NATIVE:
+        pytest.skip(f"the C ring is not active: {lanes.REASON}")
+    from ringwire._wire._cring import needs_lift
+
+    e = Encoder()
+    # exact here (every non-plain leaf of these values is lifted): skipping is safe
+    assert needs_lift(v, e._atomic) == (e._lift_any(v) is not v)
+    assert lift.needs_lift is needs_lift
+    if not _has_nan(v):
+        assert dec.decode(e.encode(v)) == v
+
+
+def _has_nan(v: Any) -> bool:
+    if isinstance(v, float):
+        return v != v
+    if isinstance(v, dict):
+        return any(map(_has_nan, v.values()))
+    if isinstance(v, (list, tuple)):
+        return any(map(_has_nan, v))
+    return False
+
+
+def test_the_c_lift_scan_on_deep_and_odd_values() -> None:
+    from ringwire._wire import lanes
+
+    if not lanes.NATIVE:
+        pytest.skip(f"the C ring is not active: {lanes.REASON}")
+    from ringwire._wire._cring import needs_lift
+
+    atomic = set(Encoder()._atomic)
+    deep: list[Any] = [1]
+    for _ in range(200):
+        deep = [deep]
+    assert needs_lift(deep, atomic)  # too deep for the scan: the Python pass decides
+    assert not needs_lift([[[[1]]], {"a": {"b": [None, b"x", 2.5, True]}}], atomic)
+    assert needs_lift({"a": [1, (2,)]}, atomic) and needs_lift([{1, 2}], atomic)
+    assert needs_lift(collections.OrderedDict(a=1), atomic)  # subclasses: the Python pass
+    assert not needs_lift({(1, 2): 3}, atomic)  # keys are not lifted (as the Python pass)
+    with pytest.raises(TypeError):
+        needs_lift(1, [int])  # type: ignore[arg-type]

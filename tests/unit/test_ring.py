@@ -548,3 +548,40 @@ def test_read_many_corrupt_frame():
     struct.pack_into("=Q", buf2, 64, CAP)  # tail says: only the marker was published
     with pytest.raises(RingCorrupted, match="wrap"):
         r2.read_many(bytes, 10, [])
+
+
+def test_read_many_on_error_sees_the_payload_and_replaces_the_error():
+    _, w, r = make()
+    for p in (b"1", b"x2", b"3", b"bad", b"5"):
+        w.try_write(p)
+    seen: list[tuple[bytes, str]] = []
+
+    def on_error(v: memoryview, exc: Exception) -> int:
+        seen.append((bytes(v), type(exc).__name__))  # the payload is still valid here
+        if bytes(v) == b"x2":
+            return -2  # what it returns is the record
+        raise KeyError(bytes(v))  # what it raises replaces the error
+
+    out: list[int] = []
+    assert r.read_many(lambda v: int(bytes(v)), 10, out, on_error) == 4  # payload bytes
+    assert out == [1, -2, 3]  # stops before the bad one, as without on_error
+    assert seen == [(b"x2", "ValueError"), (b"bad", "ValueError")]
+    out.clear()
+    with pytest.raises(KeyError):
+        r.read_many(lambda v: int(bytes(v)), 10, out, on_error)  # first: raised, consumed
+    r.read_many(lambda v: int(bytes(v)), 10, out, None)
+    assert out == [5]
+
+
+def test_read_many_on_error_is_not_asked_about_base_exceptions():
+    _, w, r = make()
+    w.try_write(b"a")
+
+    def fn(v: memoryview) -> None:
+        raise KeyboardInterrupt
+
+    def on_error(v: memoryview, exc: Exception) -> None:
+        raise AssertionError("called")
+
+    with pytest.raises(KeyboardInterrupt):
+        r.read_many(fn, 10, [], on_error)

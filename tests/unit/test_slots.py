@@ -962,3 +962,46 @@ async def test_records_sent_before_a_clean_close_still_resolve():
         with pytest.raises(anyio.EndOfStream):
             await b.receive()
         del got
+
+
+def test_send_many_mixes_records_with_and_without_arrays():
+    cfg = SlotConfig(classes=(SlotClass(64 * KiB, 2),), threshold=1024)
+    a, b = spair(cfg, None)
+    with a, b:
+        items: list[Any] = [1, np.full(4000, 7.0), "x", {"k": np.full(4000, 8.0)}, (2, 3), 4]
+        a.send_many(items, timeout=5)
+        got = [b.receive(timeout=5) for _ in items]
+        assert got[0] == 1 and got[2] == "x" and got[4] == (2, 3) and got[5] == 4
+        assert float(got[1][0]) == 7.0 and float(got[3]["k"][0]) == 8.0
+        assert in_use(a) == 2
+        del got
+        # more arrays than slots, records without arrays between them: the batch goes
+        # out in parts, each waiting for the releases of the one before
+        shapes: list[Any] = []
+
+        def consume() -> None:
+            for _ in range(7):
+                x = b.receive(timeout=5)
+                shapes.append(getattr(x, "shape", x))
+
+        th = threading.Thread(target=consume)
+        th.start()
+        a.send_many([0, np.ones(4000), 1, np.ones(4000), np.ones(4000), 2, 3], timeout=5)
+        th.join()
+        assert shapes == [0, (4000,), 1, (4000,), (4000,), 2, 3]
+        assert in_use(a) == 0
+
+
+def test_a_receipt_of_a_record_without_arrays_stays_done():
+    cfg = SlotConfig(classes=(SlotClass(64 * KiB, 2),), threshold=1024)
+    a, b = spair(cfg, None)
+    with a, b:
+        plain = a.send_tracked({"no": "arrays"})
+        assert plain.consumed
+        a.send_many([1, 2, 3], timeout=5)  # placements that placed nothing are used again
+        held = a.send_tracked(np.ones(4000))
+        assert plain.consumed and not held.consumed  # the empty one was not reused by it
+        got = [b.receive(timeout=5) for _ in range(5)]
+        del got
+        held.wait(timeout=5)
+        assert in_use(a) == 0
