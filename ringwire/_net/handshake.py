@@ -26,13 +26,23 @@ import time
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from .._errors import HandshakeError
 from .._shm.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
+from .messages import (
+    MAX_BUDGET,
+    Hello,
+    Refuse,
+    Welcome,
+    check_attach,
+    check_hello,
+    check_welcome,
+    decode_rendezvous,
+    encode_rendezvous,
+)
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
 from .transport import NetTransport, close_monitored, configure, context, monitor_of
 
@@ -46,8 +56,6 @@ __all__ = [
     "is_tcp",
     "parse_address",
 ]
-
-_MAX_BUDGET = 1 << 40  # the largest send budget a peer may announce (for MAXMSGSIZE)
 
 
 class Address(NamedTuple):
@@ -98,42 +106,6 @@ def resolve(addr: Address) -> Address:
     except socket.gaierror as exc:
         raise OSError(exc.errno, f"cannot resolve the host of {addr.url}: {exc.strerror}") from exc
     return Address(str(infos[0][4][0]), addr.port)
-
-
-# -- messages --------------------------------------------------------------------------
-
-
-class Hello(msgspec.Struct, array_like=True, tag="hello"):
-    version: int
-    session: bytes
-    capacity: int
-    budget: int
-    pid: int
-    host: str
-
-
-class Welcome(msgspec.Struct, array_like=True, tag="welcome"):
-    version: int
-    port: int
-    token: bytes
-    capacity: int
-    budget: int
-    pid: int
-
-
-class Refuse(msgspec.Struct, array_like=True, tag="refuse"):
-    reason: str
-
-
-_decoder = msgspec.msgpack.Decoder(Hello | Welcome | Refuse)
-_encoder = msgspec.msgpack.Encoder()
-
-
-def _decode(data: bytes, what: str) -> Any:
-    try:
-        return _decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise HandshakeError(f"malformed {what}: {exc}") from exc
 
 
 def _make_transport(
@@ -206,7 +178,7 @@ def client_handshake(
         hello = Hello(
             PROTOCOL_VERSION, session, capacity, _budget(slots), os.getpid(), socket.gethostname()
         )
-        dealer.send(_encoder.encode(hello))
+        dealer.send(encode_rendezvous(hello))
         connected = False
         while not _recv_ready(dealer):
             while _recv_ready(dmon):
@@ -222,15 +194,9 @@ def client_handshake(
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no answer from a ringwire listener at {url} (timeout)")
             yield dealer, min(deadline, time.monotonic() + 0.05)
-        reply = _decode(dealer.recv(), "answer from the listener")
-        if isinstance(reply, Refuse):
-            raise HandshakeError(f"the listener at {url} refused the connection: {reply.reason}")
-        if not isinstance(reply, Welcome) or reply.version != PROTOCOL_VERSION:
-            raise HandshakeError(f"the listener at {url} speaks another protocol: {reply!r}")
-        if not 1 <= reply.port <= 65535 or len(reply.token) != 16:
-            raise HandshakeError(f"the listener at {url} sent a bad welcome")
+        reply = check_welcome(decode_rendezvous(dealer.recv(), "answer from the listener"), url)
         pair = ctx.socket(zmq.PAIR)
-        configure(pair, heartbeat, max(capacity, min(reply.budget, _MAX_BUDGET)) + 64)
+        configure(pair, heartbeat, max(capacity, min(reply.budget, MAX_BUDGET)) + 64)
         pmon = monitor_of(pair)
         pair.connect(Address(addr.host, reply.port).url)
         pair.send_multipart((b"", b"H" + reply.token + session))
@@ -345,7 +311,9 @@ class NetAcceptor:
                 self._hello(msg[0], msg[1])
             except HandshakeError as exc:
                 refused.append(exc)
-                self.router.send_multipart((msg[0], _encoder.encode(Refuse(str(exc)))), zmq.NOBLOCK)
+                self.router.send_multipart(
+                    (msg[0], encode_rendezvous(Refuse(str(exc)))), zmq.NOBLOCK
+                )
         now = time.monotonic()
         for p in list(self._pending):
             try:
@@ -360,22 +328,8 @@ class NetAcceptor:
         return done, refused
 
     def _hello(self, rid: bytes, data: bytes) -> None:
-        hello = _decode(data, "hello")
-        if not isinstance(hello, Hello):
-            raise HandshakeError(f"expected a hello, got {type(hello).__name__}")
-        if hello.version != PROTOCOL_VERSION:
-            raise HandshakeError(
-                f"protocol version {hello.version}; this listener speaks {PROTOCOL_VERSION}"
-            )
-        if len(hello.session) != 16:
-            raise HandshakeError("a session id must have 16 bytes")
+        hello = check_hello(decode_rendezvous(data, "hello"), self._max_capacity)
         cap = hello.capacity
-        if cap < 1024 or cap > self._max_capacity or cap & (cap - 1):
-            raise HandshakeError(
-                f"lane capacity {cap} (a power of two from 1 KiB to {self._max_capacity})"
-            )
-        if not 0 <= hello.budget <= _MAX_BUDGET:
-            raise HandshakeError(f"a send budget of {hello.budget} bytes")
         ctx = context()
         sock = ctx.socket(zmq.PAIR)
         configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
@@ -387,7 +341,7 @@ class NetAcceptor:
         self._pending.append(p)
         self._ep.register(int(sock.getsockopt(zmq.FD)), select.EPOLLIN)
         welcome = Welcome(PROTOCOL_VERSION, port, token, cap, _budget(self._slots), os.getpid())
-        self.router.send_multipart((rid, _encoder.encode(welcome)), zmq.NOBLOCK)
+        self.router.send_multipart((rid, encode_rendezvous(welcome)), zmq.NOBLOCK)
 
     def _attach(self, p: _Pending, now: float) -> NetTransport | None:
         sock = p.sock
@@ -401,10 +355,12 @@ class NetAcceptor:
         first = sock.recv(zmq.NOBLOCK, copy=False)
         fd = int(first.get(zmq.SRCFD))
         rest = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
-        if first.bytes != b"" or rest != [b"H" + p.token + p.hello.session]:
+        try:
+            check_attach([first.bytes, *rest], p.token, p.hello.session)
+        except HandshakeError as exc:
             raise HandshakeError(
-                f"a bad attach on the port given to pid {p.hello.pid} on {p.hello.host!r}"
-            )
+                f"{exc} on the port given to pid {p.hello.pid} on {p.hello.host!r}"
+            ) from None
         sock.send_multipart((b"", b"K"), zmq.NOBLOCK)
         host = f"{p.hello.host} pid {p.hello.pid}"
         return _make_transport(
