@@ -6,9 +6,8 @@ the very code the connections run:
 
 * :func:`parse_control` -- the body of a control message ``[b"", body]`` of a
   connection (the table in :mod:`ringwire._net.transport`); :func:`check_credit` --
-  a credit against what was sent; :func:`check_message` -- the split of a message
-  into a record and its array frames, or a control message.  Each raises
-  :class:`~ringwire.ProtocolError` naming what was wrong.
+  a credit against what was sent.  Each raises :class:`~ringwire.ProtocolError`
+  naming what was wrong.
 * the rendezvous messages (:class:`Hello`, :class:`Welcome`, :class:`Refuse`,
   msgpack) and the attach (``H`` + token + session id, answered by ``K``):
   :func:`decode_rendezvous`, :func:`check_hello`, :func:`check_welcome`,
@@ -35,7 +34,6 @@ __all__ = [
     "check_attach",
     "check_credit",
     "check_hello",
-    "check_message",
     "check_welcome",
     "decode_rendezvous",
     "encode_control",
@@ -100,19 +98,6 @@ def check_credit(n: int, sent: int, acked: int) -> None:
     the last one) nor past what was sent; :class:`ProtocolError` otherwise."""
     if n < acked or n > sent:
         raise ProtocolError(f"a credit of {n} bytes (sent {sent}, credited {acked})")
-
-
-def check_message(frames: Sequence[Any]) -> bool:
-    """Whether a message ``[first, *rest]`` is a record (``True``: ``first`` is its
-    payload, ``rest`` its array frames) or a control message (``False``: exactly one
-    frame, the body, after the empty first); :class:`ProtocolError` otherwise."""
-    if not frames:
-        raise ProtocolError("an empty message")
-    if len(frames[0]):
-        return True
-    if len(frames) != 2:
-        raise ProtocolError(f"a control message of {len(frames)} frames")
-    return False
 
 
 # -- the rendezvous and the attach --------------------------------------------------------
