@@ -17,6 +17,7 @@ host first, so a bad name is an error naming it, and a refused rendezvous is a
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -41,6 +42,7 @@ from .messages import (
     check_hello,
     check_welcome,
     decode_rendezvous,
+    encode_control,
     encode_rendezvous,
 )
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
@@ -206,6 +208,9 @@ def client_handshake(
             yield pair, min(deadline, time.monotonic() + 0.05)
         ok = pair.recv_multipart()
         if ok != [b"", b"K"]:
+            if len(ok) == 2 and ok[0] == b"" and ok[1][:1] == b"A":
+                reason = ok[1][1:].decode("utf-8", "replace")
+                raise HandshakeError(f"the listener at {url} refused the attach: {reason}")
             raise HandshakeError(f"the listener at {url} answered the attach with {ok!r}")
         t = _make_transport(
             pair,
@@ -226,6 +231,12 @@ def client_handshake(
 
 
 # -- the listener ----------------------------------------------------------------------
+
+
+MAX_PENDING = 128
+"""Attaches in progress a listener keeps at most (as a Unix listener's backlog): each
+holds a socket and a port until its client attaches or ``handshake_timeout`` passes, so
+a flood of hellos is refused beyond this instead of exhausting descriptors and ports."""
 
 
 class _Pending:
@@ -320,7 +331,7 @@ class NetAcceptor:
                 t = self._attach(p, now)
             except HandshakeError as exc:
                 refused.append(exc)
-                self._drop(p)
+                self._drop(p, str(exc))
                 continue
             if t is not None:
                 self._forget(p)
@@ -330,12 +341,25 @@ class NetAcceptor:
     def _hello(self, rid: bytes, data: bytes) -> None:
         hello = check_hello(decode_rendezvous(data, "hello"), self._max_capacity)
         cap = hello.capacity
-        ctx = context()
-        sock = ctx.socket(zmq.PAIR)
-        configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
-        mon = monitor_of(sock)
-        host = self._bind_host if ":" not in self._bind_host else f"[{self._bind_host}]"
-        port = sock.bind_to_random_port(f"tcp://{host}")
+        if len(self._pending) >= MAX_PENDING:
+            raise HandshakeError(
+                f"{MAX_PENDING} handshakes are in progress at {self.url} (pid {hello.pid} on "
+                f"{hello.host!r} refused): try again later"
+            )
+        sock: Any = None
+        mon: Any = None
+        try:
+            sock = context().socket(zmq.PAIR)
+            configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
+            mon = monitor_of(sock)
+            host = self._bind_host if ":" not in self._bind_host else f"[{self._bind_host}]"
+            port = sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as exc:  # out of descriptors or ports: refuse this one
+            if mon is not None:
+                close_monitored(sock, mon, 0)
+            elif sock is not None:
+                sock.close(0)
+            raise HandshakeError(f"no port for pid {hello.pid} on {hello.host!r}: {exc}") from exc
         token = secrets.token_bytes(16)
         p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout)
         self._pending.append(p)
@@ -379,9 +403,16 @@ class NetAcceptor:
             self._pending.remove(p)
             self._ep.unregister(int(p.sock.getsockopt(zmq.FD)))
 
-    def _drop(self, p: _Pending) -> None:
+    def _drop(self, p: _Pending, reason: str | None = None) -> None:
+        """Close an attach in progress; with a ``reason``, tell the peer on that port
+        first (an abort, ``A`` + reason, as on a connection)."""
         self._forget(p)
-        close_monitored(p.sock, p.mon, 0)
+        linger = 0
+        if reason is not None:
+            with contextlib.suppress(zmq.ZMQError):  # (no peer on the port: nobody to tell)
+                p.sock.send_multipart((b"", encode_control(b"A", reason)), zmq.NOBLOCK)
+                linger = 200
+        close_monitored(p.sock, p.mon, linger)
 
     def close(self) -> None:
         if not self.closed:
