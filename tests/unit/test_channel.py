@@ -581,6 +581,23 @@ async def test_fan_in_is_fair_and_fifo(tmp_path):
                 await c.aclose()
 
 
+@BOTH
+@pytest.mark.anyio
+async def test_listener_forgets_connections_closed_after_accept(kind, tmp_path):
+    """A listener used through accept() alone (nobody reads its fan-in) used to keep
+    every connection it ever accepted, closed or not, in the fan-in."""
+    path = "tcp://127.0.0.1:0" if kind == "tcp" else tmp_path / "f.sock"
+    async with listen(path) as lst:
+        for i in range(5):
+            client = await connect(lst.path)
+            async with client, await lst.accept() as conn:
+                await client.send(i)
+                assert await conn.receive() == i
+        stats = lst.statistics()
+        assert lst.connections == [] and stats.open_connections == 0, stats
+        assert stats.accepted == 5 and stats.ended == 5 and stats.broken == 0
+
+
 @pytest.mark.anyio
 async def test_listener_receive_many_batches_fairly_and_in_order(tmp_path):
     path = tmp_path / "m.sock"
