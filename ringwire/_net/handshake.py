@@ -151,6 +151,9 @@ def _budget(slots: SlotConfig | None) -> int:
 Handshake = Generator[tuple[zmq.Socket[Any], float], None, NetTransport]
 
 
+_STEP = 0.02  # seconds between looks at the rendezvous connection while waiting
+
+
 def _recv_ready(sock: zmq.Socket[Any]) -> bool:
     return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
@@ -170,10 +173,31 @@ def client_handshake(
     ctx = context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
-    dmon = dealer.get_monitor_socket(zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED)
+    # the rendezvous connection stays open until the attach is answered: its hang-up is
+    # a listener that died during the handshake (seen at once, not at the timeout)
+    dmon = dealer.get_monitor_socket(
+        zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+    )
     pair: zmq.Socket[Any] | None = None
     pmon: zmq.Socket[Any] | None = None
     done = False
+    connected = False
+
+    def check_listener() -> None:
+        nonlocal connected
+        while _recv_ready(dmon):
+            ev = parse_monitor_message(dmon.recv_multipart())
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                connected = True
+            elif ev["event"] == zmq.EVENT_CONNECT_RETRIED and not connected:
+                raise ConnectionRefusedError(
+                    111,
+                    f"no ringwire listener at {url}: the connection was refused (start "
+                    "the listener first, or check the host and port)",
+                )
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                raise HandshakeError(f"the listener at {url} went away during the handshake")
+
     try:
         dealer.connect(addr.url)
         session = secrets.token_bytes(16)
@@ -181,21 +205,11 @@ def client_handshake(
             PROTOCOL_VERSION, session, capacity, _budget(slots), os.getpid(), socket.gethostname()
         )
         dealer.send(encode_rendezvous(hello))
-        connected = False
         while not _recv_ready(dealer):
-            while _recv_ready(dmon):
-                ev = parse_monitor_message(dmon.recv_multipart())
-                if ev["event"] == zmq.EVENT_CONNECTED:
-                    connected = True
-                elif ev["event"] == zmq.EVENT_CONNECT_RETRIED and not connected:
-                    raise ConnectionRefusedError(
-                        111,
-                        f"no ringwire listener at {url}: the connection was refused (start "
-                        "the listener first, or check the host and port)",
-                    )
+            check_listener()
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no answer from a ringwire listener at {url} (timeout)")
-            yield dealer, min(deadline, time.monotonic() + 0.05)
+            yield dealer, min(deadline, time.monotonic() + _STEP)
         reply = check_welcome(decode_rendezvous(dealer.recv(), "answer from the listener"), url)
         pair = ctx.socket(zmq.PAIR)
         configure(pair, heartbeat, max(capacity, min(reply.budget, MAX_BUDGET)) + 64)
@@ -203,9 +217,10 @@ def client_handshake(
         pair.connect(Address(addr.host, reply.port).url)
         pair.send_multipart((b"", b"H" + reply.token + session))
         while not _recv_ready(pair):
+            check_listener()
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the listener at {url} did not answer the attach (timeout)")
-            yield pair, min(deadline, time.monotonic() + 0.05)
+            yield pair, min(deadline, time.monotonic() + _STEP)
         ok = pair.recv_multipart()
         if ok != [b"", b"K"]:
             if len(ok) == 2 and ok[0] == b"" and ok[1][:1] == b"A":

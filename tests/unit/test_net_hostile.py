@@ -541,3 +541,43 @@ def _listening_ports() -> set[int]:
             if parts[3] == "0A":  # LISTEN
                 out.add(int(parts[1].rsplit(":", 1)[1], 16))
     return out
+
+
+# ======================================================================================
+# a listener that goes away during the handshake (the client is the one checked)
+
+
+@pytest.mark.parametrize("when", ["before the welcome", "during the attach"])
+async def test_a_listener_gone_during_the_handshake_is_seen_at_once(when: str) -> None:
+    """A raw rendezvous takes the hello, then (after a welcome naming a port nobody
+    answers on) its process goes away: the client's connect fails at once with a
+    HandshakeError, not at its timeout (it watched only for a refused connection)."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    silent = ctx.socket(zmq.PAIR)  # bound, never answers an attach
+    silent.setsockopt(zmq.LINGER, 0)
+    silent_port = silent.bind_to_random_port("tcp://127.0.0.1")
+
+    def rendezvous() -> None:
+        assert router.poll(WAIT_MS)
+        rid, _hello = router.recv_multipart()
+        if when == "during the attach":
+            welcome = Welcome(PROTOCOL_VERSION, silent_port, b"t" * 16, LANE, 0, os.getpid())
+            router.send_multipart([rid, encode_rendezvous(welcome)])
+            assert silent.poll(WAIT_MS)  # the attach arrived
+        time.sleep(0.05)
+        router.close(0)  # as a killed listener's sockets
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, rendezvous)
+            t0 = time.monotonic()
+            with pytest.raises(ringwire.HandshakeError, match="went away during the handshake"):
+                await ringwire.connect(f"tcp://127.0.0.1:{port}", timeout=10)
+            assert time.monotonic() - t0 < 2
+    finally:
+        router.close(0)
+        silent.close(0)
+        ctx.term()
