@@ -348,6 +348,7 @@ class NetTransport:
         self._reason: str | None = None
         self._error: ProtocolError | None = None
         self._closed = False
+        self._peer_left = False  # the monitor saw this connection's hang-up
         self.releases: deque[tuple[int, int]] = deque()  # from the peer, for the send pool
         self._news = False  # a pump outside drain() changed state: ring the eventfd
         self.on_frame: Callable[[list[Any]], None] = _ignore
@@ -520,6 +521,7 @@ class NetTransport:
                         self._sock.poll(10, zmq.POLLIN)
                     self._pump_locked()
                 self.gone = self._news = True
+                self._peer_left = True  # (the event is ours now: retire() cannot see it)
 
     # -- the seam ---------------------------------------------------------------------
 
@@ -574,7 +576,7 @@ class NetTransport:
         with self._lock:
             self._closed = True
             self.rx.release()
-            retire(self._sock, self._mon)
+            retire(self._sock, self._mon, peer_left=self._peer_left)
             self._ep.close()
             self._efd = -1
             self._wake_r.close()
@@ -618,10 +620,11 @@ _graveyard: list[tuple[zmq.Socket[Any], zmq.Socket[Any], float]] = []
 _graveyard_lock = threading.Lock()
 
 
-def retire(sock: zmq.Socket[Any], mon: zmq.Socket[Any]) -> None:
-    """Close ``sock`` (and its monitor) once the peer is gone, or after :data:`GRACE`."""
+def retire(sock: zmq.Socket[Any], mon: zmq.Socket[Any], *, peer_left: bool = False) -> None:
+    """Close ``sock`` (and its monitor) once the peer is gone, or after :data:`GRACE`;
+    at once if ``peer_left`` (its monitor already said so)."""
     with _graveyard_lock:
-        _graveyard.append((sock, mon, time.monotonic() + GRACE))
+        _graveyard.append((sock, mon, time.monotonic() + (0.0 if peer_left else GRACE)))
     reap()
 
 
