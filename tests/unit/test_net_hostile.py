@@ -316,6 +316,40 @@ def _find_tag(payload: bytes) -> int:
     return tags[0]
 
 
+async def test_unknown_tags_and_extra_frames_are_the_senders_business(caplog: Any) -> None:
+    """A tag and generation name the *sender's* buffer, so any value resolves: the
+    receiver hands it back in its release (a lying sender only confuses its own
+    budget).  A frame no reference names is freed with its message.  Neither breaks
+    the connection: the records are echoed and the release comes back."""
+
+    def attack(peer: RawPeer) -> list[tuple[int, int]]:
+        peer.connect()
+        ref = NetRef(1, 2**63 + 5, 7, 0, 256, (64,), "<f4", "numpy")
+        ext = msgspec.msgpack.Ext(X.NET_REF, msgspec.msgpack.encode(ref))
+        frame = np.arange(64, dtype=np.float32).tobytes()
+        peer.send(msgspec.msgpack.encode({"x": ext}), frame, b"an extra frame")
+        echo: list[bytes] = []
+        releases: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 5
+        while not (echo and releases) and time.monotonic() < deadline:
+            msg = peer.recv(0.1)
+            if msg is None:
+                peer.send(_record("poke"))  # a safe point on the listener's side
+            elif msg[0] and not echo:
+                echo = msg
+            elif msg[0] == b"" and msg[1][:1] == b"R":
+                body = msg[1][1:]
+                releases += [struct.unpack_from(">QQ", body, i) for i in range(0, len(body), 16)]
+            elif msg[0] == b"" and msg[1][:1] == b"A":
+                raise AssertionError(f"dropped: {msg}")
+        assert len(echo) == 1, echo  # 256 bytes: below the threshold, echoed inline
+        assert ringwire.Decoder().decode(echo[0])["x"].tobytes() == frame
+        return releases
+
+    releases = await run_attack(attack, caplog)
+    assert releases == [(2**63 + 5, 7)]
+
+
 # ======================================================================================
 # credit, order, sizes
 
