@@ -94,9 +94,10 @@ class SyncWaker:
                     ms = -1 if left is None else max(1, math.ceil(left * 1000))
                     ready = self._poll.poll(ms)
                     if ready and not core.closed:
-                        if self._kick >= 0:
+                        kick = self._kick
+                        if kick >= 0 and (ready[-1][0] == kick or ready[0][0] == kick):
                             with contextlib.suppress(OSError):
-                                os.eventfd_read(self._kick)
+                                os.eventfd_read(kick)
                         core.drain()
                 finally:
                     cv.acquire()

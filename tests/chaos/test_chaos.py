@@ -55,7 +55,7 @@ def _kills(backend: str, long: bool) -> int:
 
 # over tcp://127.0.0.1 the scenarios of one connection (harness.TCP_SCENARIOS), fewer
 # kills in CI: the suite's time is shared
-TCP_CI_KILLS = {"asyncio": 14, "trio": 7}
+TCP_CI_KILLS = {"asyncio": 14, "trio": 5}
 TCP_LONG_KILLS = {"asyncio": 300, "trio": 150}
 
 
