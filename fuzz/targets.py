@@ -40,6 +40,11 @@ Targets
                     ``validate_hello``.
 ``release_lane``    the producer's release-lane parsing (``SendPool.poll``) against a
                     model of the pool: refused releases never touch it.
+``net_control``, ``net_transport``, ``net_handshake``
+                    the TCP transport's parsers (``fuzz/net_targets.py``, loaded here
+                    where pyzmq is installed): control messages, the receive path of a
+                    NetTransport over a fake socket with Ext 20 resolution, the
+                    rendezvous and the attach.
 """
 
 from __future__ import annotations
@@ -1006,6 +1011,33 @@ TARGETS: dict[str, Target] = {
     )
 }
 
+
+def _load_net_targets() -> Any:
+    """fuzz/net_targets.py (the TCP transport's parsers), loaded by path beside this file
+    and given this module's Finding and last-resort check; ``None`` without pyzmq."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    try:
+        import zmq  # noqa: F401
+    except ModuleNotFoundError:
+        return None
+    path = pathlib.Path(__file__).with_name("net_targets.py")
+    spec = importlib.util.spec_from_file_location("ringwire_fuzz_net_targets", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    mod.Finding = Finding
+    mod.refused = _refused
+    return mod
+
+
+_net = _load_net_targets()
+if _net is not None:
+    for _name, _run, _seeds, _doc in _net.NET_TARGETS:
+        TARGETS[_name] = Target(_name, _run, _seeds, _doc)
 
 _ORDER = tuple(TARGETS)
 

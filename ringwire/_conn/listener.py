@@ -225,9 +225,18 @@ class Listener(_ListenerBase):
     @property
     def connections(self) -> list[Channel]:
         """The open connections in the fan-in."""
+        self._prune()
         return [a.chan for a in self._conns]
 
+    def _prune(self) -> None:
+        # connections their user closed (taken with accept(), say) leave the fan-in here
+        # too, not only when a fan-in read finds them: a listener used through accept()
+        # alone would otherwise keep every connection it ever had
+        for conn in [c for c in self._conns if c.core.closed]:
+            self._drop(conn, None)
+
     def statistics(self) -> ListenerStatistics:
+        self._prune()
         return ListenerStatistics(
             open_connections=len(self._conns),
             accepted=self._accepted,
@@ -356,6 +365,7 @@ class Listener(_ListenerBase):
             await conn.chan.aclose()
             return
         self._accepted += 1
+        self._prune()
         self._conns.append(conn)
         self._accept_send.send_nowait(conn.chan)
         self._notify()

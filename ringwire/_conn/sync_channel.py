@@ -11,10 +11,13 @@ threads wait their turn, within their timeout.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import select
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -41,14 +44,33 @@ def _acquire(lock: threading.Lock, deadline: float | None) -> None:
 
 
 class SyncWaker:
-    """How the threads of one endpoint wait for its wake generation to move."""
+    """How the threads of one endpoint wait for its wake generation to move.
+
+    One thread polls the transport's descriptor, the others wait on ``cv``.  A drain
+    done by another thread while one polls -- ``poll_peer``, a receiver reading the
+    end, a sender noticing the hang-up -- may consume the very readiness the poller
+    sleeps on (the doorbell byte, the TCP transport's eventfd), so the endpoint's
+    ``on_drain`` kicks the poller through an eventfd of our own that it polls too."""
 
     def __init__(self, core: Endpoint) -> None:
         self.core = core
         self.cv = threading.Condition(threading.Lock())
         self._polling = False
+        self._poller = 0  # the thread in poll() (while _polling)
         self._poll = select.poll()
         self._poll.register(core.transport.fileno(), select.POLLIN)
+        self._kick = -1
+        if hasattr(core, "on_drain"):  # an Endpoint (a broadcast core drains itself only)
+            self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._poll.register(self._kick, select.POLLIN)
+            self._fin = weakref.finalize(self, os.close, self._kick)
+            core.on_drain = self._drained
+
+    def _drained(self) -> None:
+        # (any thread; the poller's own drains need no kick)
+        if self._polling and self._poller != threading.get_ident():
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._kick, 1)
 
     def wait(self, gen: int, until: float | None) -> None:
         """Until a wake-up after generation ``gen``, or ``until`` (then it returns
@@ -64,16 +86,31 @@ class SyncWaker:
                     cv.wait(left)
                     continue
                 self._polling = True
+                self._poller = threading.get_ident()
                 cv.release()
                 try:
+                    if core.wake_gen != gen:
+                        continue  # a drain elsewhere after the check (it saw no poller)
                     ms = -1 if left is None else max(1, math.ceil(left * 1000))
                     ready = self._poll.poll(ms)
                     if ready and not core.closed:
+                        kick = self._kick
+                        if kick >= 0 and (ready[-1][0] == kick or ready[0][0] == kick):
+                            with contextlib.suppress(OSError):
+                                os.eventfd_read(kick)
                         core.drain()
                 finally:
                     cv.acquire()
                     self._polling = False
                     cv.notify_all()
+
+    def close(self) -> None:
+        """Close the kick descriptor now if no thread polls (else when collected)."""
+        with self.cv:
+            if self._kick >= 0 and not self._polling:
+                self._poll.unregister(self._kick)
+                self._fin()
+                self._kick = -1
 
 
 class SyncReceipt(ReceiptBase):
@@ -329,6 +366,7 @@ class SyncChannel(EndpointFacade):
             cv.notify_all()
         with self._send_lock, self._recv_lock:
             held = core.release()
+        self._waker.close()
         if held:
             warn_held(self, held)
 

@@ -2,9 +2,10 @@
 
 A layer beside :mod:`ringwire._shm`: :mod:`.transport` implements the transport seam
 (:mod:`ringwire._conn.transport`) on one ZeroMQ ``PAIR`` socket per connection,
-:mod:`.pools` carries arrays beside the record as frames of their own (Ext 20), and
-:mod:`.handshake` connects and accepts; :mod:`.status` keeps this process's table of
-its TCP connections for ``python -m ringwire inspect`` (which also asks the kernel,
+:mod:`.pools` carries arrays beside the record as frames of their own (Ext 20),
+:mod:`.handshake` connects and accepts, and :mod:`.messages` parses what a peer sends
+(no I/O: the fuzz targets drive it); :mod:`.status` keeps this process's table of its
+TCP connections for ``python -m ringwire inspect`` (which also asks the kernel,
 :mod:`.sockdiag`).  ``ringwire.connect("tcp://host:port")`` and
 ``ringwire.listen("tcp://0.0.0.0:port")`` route here (:mod:`ringwire._conn.connect`).
 pyzmq is an optional extra (``ringwire[net]``), imported only when a ``tcp://``

@@ -17,6 +17,7 @@ host first, so a bad name is an error naming it, and a refused rendezvous is a
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -26,13 +27,24 @@ import time
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from .._errors import HandshakeError
 from .._shm.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
+from .messages import (
+    MAX_BUDGET,
+    Hello,
+    Refuse,
+    Welcome,
+    check_attach,
+    check_hello,
+    check_welcome,
+    decode_rendezvous,
+    encode_control,
+    encode_rendezvous,
+)
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
 from .transport import NetTransport, close_monitored, configure, context, monitor_of
 
@@ -46,8 +58,6 @@ __all__ = [
     "is_tcp",
     "parse_address",
 ]
-
-_MAX_BUDGET = 1 << 40  # the largest send budget a peer may announce (for MAXMSGSIZE)
 
 
 class Address(NamedTuple):
@@ -100,42 +110,6 @@ def resolve(addr: Address) -> Address:
     return Address(str(infos[0][4][0]), addr.port)
 
 
-# -- messages --------------------------------------------------------------------------
-
-
-class Hello(msgspec.Struct, array_like=True, tag="hello"):
-    version: int
-    session: bytes
-    capacity: int
-    budget: int
-    pid: int
-    host: str
-
-
-class Welcome(msgspec.Struct, array_like=True, tag="welcome"):
-    version: int
-    port: int
-    token: bytes
-    capacity: int
-    budget: int
-    pid: int
-
-
-class Refuse(msgspec.Struct, array_like=True, tag="refuse"):
-    reason: str
-
-
-_decoder = msgspec.msgpack.Decoder(Hello | Welcome | Refuse)
-_encoder = msgspec.msgpack.Encoder()
-
-
-def _decode(data: bytes, what: str) -> Any:
-    try:
-        return _decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise HandshakeError(f"malformed {what}: {exc}") from exc
-
-
 def _make_transport(
     sock: zmq.Socket[Any],
     mon: zmq.Socket[Any],
@@ -177,6 +151,9 @@ def _budget(slots: SlotConfig | None) -> int:
 Handshake = Generator[tuple[zmq.Socket[Any], float], None, NetTransport]
 
 
+_STEP = 0.02  # seconds between looks at the rendezvous connection while waiting
+
+
 def _recv_ready(sock: zmq.Socket[Any]) -> bool:
     return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
@@ -196,50 +173,59 @@ def client_handshake(
     ctx = context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
-    dmon = dealer.get_monitor_socket(zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED)
+    # the rendezvous connection stays open until the attach is answered: its hang-up is
+    # a listener that died during the handshake (seen at once, not at the timeout)
+    dmon = dealer.get_monitor_socket(
+        zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+    )
     pair: zmq.Socket[Any] | None = None
     pmon: zmq.Socket[Any] | None = None
     done = False
+    connected = False
+
+    def check_listener() -> None:
+        nonlocal connected
+        while _recv_ready(dmon):
+            ev = parse_monitor_message(dmon.recv_multipart())
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                connected = True
+            elif ev["event"] == zmq.EVENT_CONNECT_RETRIED and not connected:
+                raise ConnectionRefusedError(
+                    111,
+                    f"no ringwire listener at {url}: the connection was refused (start "
+                    "the listener first, or check the host and port)",
+                )
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                raise HandshakeError(f"the listener at {url} went away during the handshake")
+
     try:
         dealer.connect(addr.url)
         session = secrets.token_bytes(16)
         hello = Hello(
             PROTOCOL_VERSION, session, capacity, _budget(slots), os.getpid(), socket.gethostname()
         )
-        dealer.send(_encoder.encode(hello))
-        connected = False
+        dealer.send(encode_rendezvous(hello))
         while not _recv_ready(dealer):
-            while _recv_ready(dmon):
-                ev = parse_monitor_message(dmon.recv_multipart())
-                if ev["event"] == zmq.EVENT_CONNECTED:
-                    connected = True
-                elif ev["event"] == zmq.EVENT_CONNECT_RETRIED and not connected:
-                    raise ConnectionRefusedError(
-                        111,
-                        f"no ringwire listener at {url}: the connection was refused (start "
-                        "the listener first, or check the host and port)",
-                    )
+            check_listener()
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no answer from a ringwire listener at {url} (timeout)")
-            yield dealer, min(deadline, time.monotonic() + 0.05)
-        reply = _decode(dealer.recv(), "answer from the listener")
-        if isinstance(reply, Refuse):
-            raise HandshakeError(f"the listener at {url} refused the connection: {reply.reason}")
-        if not isinstance(reply, Welcome) or reply.version != PROTOCOL_VERSION:
-            raise HandshakeError(f"the listener at {url} speaks another protocol: {reply!r}")
-        if not 1 <= reply.port <= 65535 or len(reply.token) != 16:
-            raise HandshakeError(f"the listener at {url} sent a bad welcome")
+            yield dealer, min(deadline, time.monotonic() + _STEP)
+        reply = check_welcome(decode_rendezvous(dealer.recv(), "answer from the listener"), url)
         pair = ctx.socket(zmq.PAIR)
-        configure(pair, heartbeat, max(capacity, min(reply.budget, _MAX_BUDGET)) + 64)
+        configure(pair, heartbeat, max(capacity, min(reply.budget, MAX_BUDGET)) + 64)
         pmon = monitor_of(pair)
         pair.connect(Address(addr.host, reply.port).url)
         pair.send_multipart((b"", b"H" + reply.token + session))
         while not _recv_ready(pair):
+            check_listener()
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the listener at {url} did not answer the attach (timeout)")
-            yield pair, min(deadline, time.monotonic() + 0.05)
+            yield pair, min(deadline, time.monotonic() + _STEP)
         ok = pair.recv_multipart()
         if ok != [b"", b"K"]:
+            if len(ok) == 2 and ok[0] == b"" and ok[1][:1] == b"A":
+                reason = ok[1][1:].decode("utf-8", "replace")
+                raise HandshakeError(f"the listener at {url} refused the attach: {reason}")
             raise HandshakeError(f"the listener at {url} answered the attach with {ok!r}")
         t = _make_transport(
             pair,
@@ -260,6 +246,12 @@ def client_handshake(
 
 
 # -- the listener ----------------------------------------------------------------------
+
+
+MAX_PENDING = 128
+"""Attaches in progress a listener keeps at most (as a Unix listener's backlog): each
+holds a socket and a port until its client attaches or ``handshake_timeout`` passes, so
+a flood of hellos is refused beyond this instead of exhausting descriptors and ports."""
 
 
 class _Pending:
@@ -345,14 +337,16 @@ class NetAcceptor:
                 self._hello(msg[0], msg[1])
             except HandshakeError as exc:
                 refused.append(exc)
-                self.router.send_multipart((msg[0], _encoder.encode(Refuse(str(exc)))), zmq.NOBLOCK)
+                self.router.send_multipart(
+                    (msg[0], encode_rendezvous(Refuse(str(exc)))), zmq.NOBLOCK
+                )
         now = time.monotonic()
         for p in list(self._pending):
             try:
                 t = self._attach(p, now)
             except HandshakeError as exc:
                 refused.append(exc)
-                self._drop(p)
+                self._drop(p, str(exc))
                 continue
             if t is not None:
                 self._forget(p)
@@ -360,34 +354,33 @@ class NetAcceptor:
         return done, refused
 
     def _hello(self, rid: bytes, data: bytes) -> None:
-        hello = _decode(data, "hello")
-        if not isinstance(hello, Hello):
-            raise HandshakeError(f"expected a hello, got {type(hello).__name__}")
-        if hello.version != PROTOCOL_VERSION:
-            raise HandshakeError(
-                f"protocol version {hello.version}; this listener speaks {PROTOCOL_VERSION}"
-            )
-        if len(hello.session) != 16:
-            raise HandshakeError("a session id must have 16 bytes")
+        hello = check_hello(decode_rendezvous(data, "hello"), self._max_capacity)
         cap = hello.capacity
-        if cap < 1024 or cap > self._max_capacity or cap & (cap - 1):
+        if len(self._pending) >= MAX_PENDING:
             raise HandshakeError(
-                f"lane capacity {cap} (a power of two from 1 KiB to {self._max_capacity})"
+                f"{MAX_PENDING} handshakes are in progress at {self.url} (pid {hello.pid} on "
+                f"{hello.host!r} refused): try again later"
             )
-        if not 0 <= hello.budget <= _MAX_BUDGET:
-            raise HandshakeError(f"a send budget of {hello.budget} bytes")
-        ctx = context()
-        sock = ctx.socket(zmq.PAIR)
-        configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
-        mon = monitor_of(sock)
-        host = self._bind_host if ":" not in self._bind_host else f"[{self._bind_host}]"
-        port = sock.bind_to_random_port(f"tcp://{host}")
+        sock: Any = None
+        mon: Any = None
+        try:
+            sock = context().socket(zmq.PAIR)
+            configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
+            mon = monitor_of(sock)
+            host = self._bind_host if ":" not in self._bind_host else f"[{self._bind_host}]"
+            port = sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as exc:  # out of descriptors or ports: refuse this one
+            if mon is not None:
+                close_monitored(sock, mon, 0)
+            elif sock is not None:
+                sock.close(0)
+            raise HandshakeError(f"no port for pid {hello.pid} on {hello.host!r}: {exc}") from exc
         token = secrets.token_bytes(16)
         p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout)
         self._pending.append(p)
         self._ep.register(int(sock.getsockopt(zmq.FD)), select.EPOLLIN)
         welcome = Welcome(PROTOCOL_VERSION, port, token, cap, _budget(self._slots), os.getpid())
-        self.router.send_multipart((rid, _encoder.encode(welcome)), zmq.NOBLOCK)
+        self.router.send_multipart((rid, encode_rendezvous(welcome)), zmq.NOBLOCK)
 
     def _attach(self, p: _Pending, now: float) -> NetTransport | None:
         sock = p.sock
@@ -401,10 +394,12 @@ class NetAcceptor:
         first = sock.recv(zmq.NOBLOCK, copy=False)
         fd = int(first.get(zmq.SRCFD))
         rest = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
-        if first.bytes != b"" or rest != [b"H" + p.token + p.hello.session]:
+        try:
+            check_attach([first.bytes, *rest], p.token, p.hello.session)
+        except HandshakeError as exc:
             raise HandshakeError(
-                f"a bad attach on the port given to pid {p.hello.pid} on {p.hello.host!r}"
-            )
+                f"{exc} on the port given to pid {p.hello.pid} on {p.hello.host!r}"
+            ) from None
         sock.send_multipart((b"", b"K"), zmq.NOBLOCK)
         host = f"{p.hello.host} pid {p.hello.pid}"
         return _make_transport(
@@ -423,9 +418,16 @@ class NetAcceptor:
             self._pending.remove(p)
             self._ep.unregister(int(p.sock.getsockopt(zmq.FD)))
 
-    def _drop(self, p: _Pending) -> None:
+    def _drop(self, p: _Pending, reason: str | None = None) -> None:
+        """Close an attach in progress; with a ``reason``, tell the peer on that port
+        first (an abort, ``A`` + reason, as on a connection)."""
         self._forget(p)
-        close_monitored(p.sock, p.mon, 0)
+        linger = 0
+        if reason is not None:
+            with contextlib.suppress(zmq.ZMQError):  # (no peer on the port: nobody to tell)
+                p.sock.send_multipart((b"", encode_control(b"A", reason)), zmq.NOBLOCK)
+                linger = 200
+        close_monitored(p.sock, p.mon, linger)
 
     def close(self) -> None:
         if not self.closed:

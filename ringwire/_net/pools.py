@@ -112,7 +112,7 @@ class NetPlacement(list[tuple[int, int, bool]]):
 
 
 class _Buffer:
-    __slots__ = ("array", "lo", "hi", "nbytes", "loan")
+    __slots__ = ("array", "lo", "hi", "nbytes", "loan", "fin")
 
     def __init__(self, array: np.ndarray[Any, Any], nbytes: int, loan: bool) -> None:
         self.array = array
@@ -120,6 +120,7 @@ class _Buffer:
         self.hi = self.lo + max(nbytes, 1)
         self.nbytes = nbytes
         self.loan = loan
+        self.fin: Any = None  # a loan's: alive while the user holds a view of it
 
 
 class NetSendPool:
@@ -134,6 +135,9 @@ class NetSendPool:
         self.incoming = releases  # (tag, generation) the transport received
         self.sent: dict[int, _Buffer] = {}
         self.loans: dict[int, _Buffer] = {}
+        # sent loans the receiver released while the user still holds a view: their
+        # memory is not reused (nor may they be sent again) until those views die
+        self.spent: dict[int, _Buffer] = {}
         self.loan_returns: deque[tuple[int, int]] = deque()
         self._tags = itertools.count(1)
         self._cache: list[np.ndarray[Any, Any]] = []
@@ -182,9 +186,14 @@ class NetSendPool:
                 return buf
         return np.empty(max(nbytes, 1), np.uint8)
 
-    def _give(self, buf: _Buffer) -> None:
+    def _give(self, buf: _Buffer, tag: int = 0) -> None:
         self.in_use -= buf.nbytes
-        arr = buf.array
+        if buf.fin is not None and buf.fin.alive:
+            self.spent[tag] = buf
+            return
+        self._cache_put(buf.array)
+
+    def _cache_put(self, arr: np.ndarray[Any, Any]) -> None:
         if not self.gone and self._cached + arr.nbytes <= self.budget:
             self._cache.append(arr)
             self._cached += arr.nbytes
@@ -241,7 +250,7 @@ class NetSendPool:
             nbytes = obj.numel() * obj.element_size()
             contiguous = obj.is_contiguous()
             wire, kind = torch_dtype_to_wire(obj.dtype), KIND_TORCH
-        if self.loans or self.sent:
+        if self.loans or self.sent or self.spent:
             ref = self._place_loaned(obj, addr, nbytes, contiguous, wire, kind, placement)
             if ref is not None:
                 return ref
@@ -306,7 +315,9 @@ class NetSendPool:
         with self.lock:
             hit = next(((t, b) for t, b in self.loans.items() if b.lo <= addr < b.hi), None)
             if hit is None:
-                if any(b.loan and b.lo <= addr < b.hi for b in self.sent.values()):
+                if any(b.loan and b.lo <= addr < b.hi for b in self.sent.values()) or any(
+                    b.lo <= addr < b.hi for b in self.spent.values()
+                ):
                     raise SlotMisuse(
                         "this array lives in a loaned buffer that was already sent: a "
                         "loaned buffer can be sent once, and must not be used after it was "
@@ -355,9 +366,12 @@ class NetSendPool:
             self.in_use += nbytes
             arr = self._take(nbytes)
             tag = next(self._tags)
-            self.loans[tag] = _Buffer(arr, nbytes, True)
-        base = arr[:nbytes]
-        fin = weakref.finalize(base, self.loan_returns.append, (tag, _GEN))
+            buf = self.loans[tag] = _Buffer(arr, nbytes, True)
+            # not arr[:nbytes]: numpy gives a view of that slice the owning array as its
+            # base, so the slice (and a finalizer on it) would die at once and the loan
+            # come back while the user fills it; views of a frombuffer array keep it
+            base = np.frombuffer(arr.data, np.uint8, count=nbytes)
+            buf.fin = fin = weakref.finalize(base, self.loan_returns.append, (tag, _GEN))
         fin.atexit = False
         if kind == KIND_NUMPY:
             return base.view(np_dtype).reshape(shape)
@@ -385,7 +399,7 @@ class NetSendPool:
                 buf = self.sent.pop(tag, None)
                 if buf is None or gen != _GEN:
                     raise SlotRefused(f"release of array {tag}: it is not out")
-                self._give(buf)
+                self._give(buf, tag)
                 self.releases_received += 1
             self._take_back_loans()
         finally:
@@ -399,6 +413,10 @@ class NetSendPool:
             buf = self.loans.pop(tag, None)
             if buf is not None:
                 self._give(buf)
+            else:
+                buf = self.spent.pop(tag, None)
+                if buf is not None:  # sent, released, and now let go by the user too
+                    self._cache_put(buf.array)
 
     def reclaim(self, *, publish: bool = True) -> int:
         """The peer is gone: every buffer it held counts as released (not reused:

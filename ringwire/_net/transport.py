@@ -67,6 +67,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .._errors import FrameTooLarge, ProtocolError
 from .._wire.control import PROTOCOL_VERSION
+from .messages import MAX_REASON, check_credit, parse_control
 from .status import open_slot
 
 __all__ = [
@@ -85,7 +86,6 @@ __all__ = [
 DEFAULT_HEARTBEAT = 3.0
 """Seconds without a sign of life after which a silent peer is declared gone."""
 LINGER_MS = 2000  # a closed socket keeps sending what was queued this long at most
-_MAX_REASON = 2000
 _Q = struct.Struct(">Q")
 _HEADER = 4  # bytes a record counts beyond its payload (as a ring frame's header)
 
@@ -351,6 +351,7 @@ class NetTransport:
         self._reason: str | None = None
         self._error: ProtocolError | None = None
         self._closed = False
+        self._peer_left = False  # the monitor saw this connection's hang-up
         self.releases: deque[tuple[int, int]] = deque()  # from the peer, for the send pool
         self._news = False  # a pump outside drain() changed state: ring the eventfd
         self.on_frame: Callable[[list[Any]], None] = _ignore
@@ -483,31 +484,26 @@ class NetTransport:
     def _control(self, body: bytes) -> None:
         self.doorbells_received += 1
         self._news = True
-        kind, rest = body[:1], body[1:]
-        if kind == b"C":
-            if len(rest) != 8:
-                return self._fail(f"a credit of {len(rest)} bytes")
-            (n,) = _Q.unpack(rest)
-            tx = self.tx
-            if n < tx.acked or n > tx.sent:
-                return self._fail(f"a credit of {n} bytes (sent {tx.sent}, credited {tx.acked})")
-            tx.acked = n
-        elif kind == b"R":
-            if not rest or len(rest) % 16:
-                return self._fail(f"a release message of {len(rest)} bytes")
-            vals = struct.unpack(f">{len(rest) // 8}Q", rest)
-            self.releases.extend(zip(vals[::2], vals[1::2]))
-        elif kind == b"E":
-            self.rx.writer_closed_flag = True
-        elif kind == b"X":
-            self.tx.reader_closed_flag = True
-        elif kind == b"A":
-            self._reason = rest[:_MAX_REASON].decode("utf-8", "replace") or "no reason given"
-        elif kind == b"B":
-            self.gone = True
-        else:
-            self._fail(f"an unknown control message {kind!r}")
-        return None
+        try:
+            kind, value = parse_control(body)
+            if kind == b"C":
+                tx = self.tx
+                check_credit(value, tx.sent, tx.acked)
+                tx.acked = value
+            elif kind == b"R":
+                self.releases.extend(value)
+            elif kind == b"E":
+                self.rx.writer_closed_flag = True
+            elif kind == b"X":
+                self.tx.reader_closed_flag = True
+            elif kind == b"A":
+                self._reason = value
+            elif kind == b"B":
+                self.gone = True
+            else:
+                raise ProtocolError(f"a handshake message {body[:1]!r} after the attach")
+        except ProtocolError as exc:
+            self._fail(str(exc))
 
     def _pump_monitor(self) -> None:
         mon = self._mon
@@ -533,6 +529,7 @@ class NetTransport:
                         self._sock.poll(10, zmq.POLLIN)
                     self._pump_locked()
                 self.gone = self._news = True
+                self._peer_left = True  # (the event is ours now: retire() cannot see it)
                 self.status.gone()
             elif ev["event"] == zmq.EVENT_CONNECTED:
                 self.status.endpoints(int(ev["value"]))  # the client's TCP addresses
@@ -566,7 +563,7 @@ class NetTransport:
         return self._reason
 
     def abort(self, reason: str) -> None:
-        self.send_control(b"A" + reason.encode("utf-8", "replace")[:_MAX_REASON])
+        self.send_control(b"A" + reason.encode("utf-8", "replace")[:MAX_REASON])
 
     def hung_up(self) -> bool:
         if not self.gone and not self._closed:
@@ -591,7 +588,7 @@ class NetTransport:
             self._closed = True
             self.rx.release()
             self.status.close()
-            retire(self._sock, self._mon)
+            retire(self._sock, self._mon, peer_left=self._peer_left)
             self._ep.close()
             self._efd = -1
             self._wake_r.close()
@@ -635,10 +632,11 @@ _graveyard: list[tuple[zmq.Socket[Any], zmq.Socket[Any], float]] = []
 _graveyard_lock = threading.Lock()
 
 
-def retire(sock: zmq.Socket[Any], mon: zmq.Socket[Any]) -> None:
-    """Close ``sock`` (and its monitor) once the peer is gone, or after :data:`GRACE`."""
+def retire(sock: zmq.Socket[Any], mon: zmq.Socket[Any], *, peer_left: bool = False) -> None:
+    """Close ``sock`` (and its monitor) once the peer is gone, or after :data:`GRACE`;
+    at once if ``peer_left`` (its monitor already said so)."""
     with _graveyard_lock:
-        _graveyard.append((sock, mon, time.monotonic() + GRACE))
+        _graveyard.append((sock, mon, time.monotonic() + (0.0 if peer_left else GRACE)))
     reap()
 
 

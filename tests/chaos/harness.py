@@ -63,6 +63,11 @@ from ringwire import BrokenResourceError, EndOfStream, SlotConfig, runtime
 from ringwire._conn import calls as calls_module
 from ringwire._wire.names import is_segment_name, name_pid
 
+try:
+    from ringwire._net import transport as net_transport
+except ModuleNotFoundError:  # no pyzmq: the tcp:// runs skip
+    net_transport = None  # type: ignore[assignment]
+
 WORKER = str(Path(__file__).resolve().parent / "workers.py")  # run as a script, by path
 DETECT_S = 0.100  # a survivor reports the death within this
 HANG_S = 5.0  # nothing may take longer than this once the victim is dead
@@ -83,6 +88,34 @@ def shm_names_of(pids: set[int]) -> set[str]:
         if is_segment_name("/" + n) and name_pid("/" + n) in pids:
             out.add(n)
     return out
+
+
+def _socket_inodes() -> set[int]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                out.add(int(link[8:-1]))
+    return out
+
+
+def _proc_net_tcp() -> list[list[str]]:
+    rows = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(name) as f:
+            rows += [line.split() for line in f.readlines()[1:]]
+    return rows
+
+
+def tcp_sockets() -> int:
+    """TCP sockets this process holds (ZeroMQ's, in its I/O thread, included)."""
+    mine = _socket_inodes()
+    return sum(1 for row in _proc_net_tcp() if int(row[9]) in mine)
+
+
+def tcp_listening_ports() -> set[int]:
+    return {int(row[1].rsplit(":", 1)[1], 16) for row in _proc_net_tcp() if row[3] == "0A"}
 
 
 # ======================================================================================
@@ -326,15 +359,31 @@ class Round:
 
 class Harness:
     def __init__(
-        self, tmp: Path, backend: str, lst: ringwire.Listener, sync_lst: Any, victims: Victims
+        self,
+        tmp: Path,
+        backend: str,
+        lst: ringwire.Listener,
+        sync_lst: Any,
+        victims: Victims,
+        transport: str = "shm",
     ) -> None:
         self.tmp = tmp
         self.backend = backend
         self.lst = lst
         self.sync_lst = sync_lst
         self.victims = victims
+        self.transport = transport  # "shm" (Unix socket paths) or "tcp" (tcp://127.0.0.1)
         self.strays = 0
         self.n_server_paths = 0
+        self.tcp_baseline = tcp_sockets() if transport == "tcp" else 0
+
+    def server_path(self, stem: str) -> str:
+        """Where a victim listens: a socket file, or any free port on loopback (the
+        victim says which when it is listening)."""
+        if self.transport == "tcp":
+            return "tcp://127.0.0.1:0"
+        self.n_server_paths += 1
+        return str(self.tmp / f"{stem}{self.n_server_paths}.sock")
 
     # -- connections from victims ------------------------------------------------------
 
@@ -371,7 +420,7 @@ class Harness:
     def victim_cfg(self, rng: random.Random, role: str, survivor: str, **kw: Any) -> dict[str, Any]:
         cfg = {
             "role": role,
-            "path": str(self.tmp / ("sync.sock" if survivor == "sync" else "async.sock")),
+            "path": self.sync_lst.path if survivor == "sync" else self.lst.path,
             "backend": rng.choice(["asyncio", "trio"]),
             "salt": rng.randrange(1 << 30),
             "capacity": rng.choice([8 * KiB, 64 * KiB]),
@@ -394,6 +443,25 @@ class Harness:
                 break
             await anyio.sleep(0.01)
         assert not left, f"{r.scenario}: /dev/shm names left behind: {sorted(left)}"
+        if self.transport == "tcp":
+            await self.tcp_settled(r)
+
+    async def tcp_settled(self, r: Round) -> None:
+        """No TCP socket of ours is left beyond the listeners' (a closed connection's
+        socket is kept until its peer is gone or for transport.GRACE, then closed), and
+        no connection is left in the listener's fan-in."""
+        deadline = time.monotonic() + net_transport.GRACE + 2.0
+        while True:
+            net_transport.reap()
+            n = tcp_sockets()
+            conns = len(self.lst.connections)
+            if (n <= self.tcp_baseline and not conns) or time.monotonic() > deadline:
+                break
+            await anyio.sleep(0.02)
+        assert not conns, f"{r.scenario}: {conns} connections left in the listener's fan-in"
+        assert n <= self.tcp_baseline, (
+            f"{r.scenario}: {n} TCP sockets open, {self.tcp_baseline} before the round"
+        )
 
 
 async def _killer(v: Victim, delay: float, after: str | None = None) -> None:
@@ -414,7 +482,9 @@ def _slots_all_back(side: Side, r: Round) -> None:
     stats = side.statistics()
     assert stats.slots_in_use == 0, f"{r.scenario}: {stats.slots_in_use} slots still in use"
     assert stats.loans_outstanding == 0
-    assert stats.slots_free == FULL_POOL, stats.slots_free
+    assert stats.slot_bytes_in_use == 0, stats.slot_bytes_in_use
+    if stats.slots_free:  # (a TCP send budget has no slots: bytes only)
+        assert stats.slots_free == FULL_POOL, stats.slots_free
 
 
 # -- the victim consumes: the survivor produces ------------------------------------------
@@ -623,12 +693,11 @@ async def echo_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: 
 async def server_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
     """Kill a listener during the handshake, or while it echoes our requests."""
     r.victim = "listener"
-    h.n_server_paths += 1
-    path = str(h.tmp / f"srv{h.n_server_paths}.sock")
+    path = h.server_path("srv")
     cfg = h.victim_cfg(rng, "server", r.survivor, path=path)
     spin_us = rng.choice([0, 50])
     await v.begin(cfg)
-    await v.until("listening")
+    path = (await v.until("listening")).get("path", path)
     side: Side | None = None
     try:
         if mode in ("handshake", "handshake-big-pool"):
@@ -706,6 +775,10 @@ async def server_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode
             await side.aclose()
     # the dead listener's socket file stays; a new listener at that path replaces it
     await v.reap()  # (a dying listener's socket may still accept for a moment)
+    if h.transport == "tcp":
+        port = int(path.rsplit(":", 1)[1])
+        assert port not in tcp_listening_ports(), f"the dead listener's port {port} listens"
+        return
     if os.path.exists(path):
         async with ringwire.listen(path, slots=None):
             pass
@@ -723,6 +796,8 @@ async def handshake_round(h: Harness, v: Victim, r: Round, rng: random.Random, m
     window = 0.04 if slots == "default" else 0.004
     lst = h.sync_lst if r.survivor == "sync" else h.lst
     before = lst.refused if r.survivor == "sync" else lst.statistics().refused
+    if h.transport == "tcp":
+        window = 0.02  # the attach is a round trip later than on one host
     await v.begin(cfg)
     await v.until("connecting")
     await anyio.sleep(rng.uniform(0, window))
@@ -1111,24 +1186,43 @@ async def run_round(h: Harness, name: str, survivor: str, seed: int, report: Rep
     return r
 
 
-async def chaos(tmp: Path, backend: str, kills: int, seed: int) -> Report:
+# the scenarios that run over tcp:// as well: one connection's (broadcast is a
+# shared-memory ring, the calls ride on a channel like the echo rounds, the big pool is
+# a shared-memory segment)
+TCP_SCENARIOS = [
+    name
+    for name in SCENARIOS
+    if name.split("/")[0] in ("consumer", "producer", "client", "listener")
+    and "big-pool" not in name
+]
+
+
+async def chaos(tmp: Path, backend: str, kills: int, seed: int, transport: str = "shm") -> Report:
     rng = random.Random(seed)
     report = Report(seed)
     survivors = ["asyncio", "sync"] if backend == "asyncio" else ["trio"]
     only = os.environ.get("RINGWIRE_CHAOS_ONLY")  # e.g. "consumer/parked,producer/slow"
-    names = only.split(",") if only else list(SCENARIOS)
+    names = only.split(",") if only else list(SCENARIOS if transport == "shm" else TCP_SCENARIOS)
+    if transport == "tcp":
+        # an attach a killed client never made is given up after 1 s (and checked below)
+        where: dict[str, Any] = {"handshake_timeout": 1.0}
+        async_at: Any = "tcp://127.0.0.1:0"
+        sync_at: Any = "tcp://127.0.0.1:0"
+    else:
+        where = {}
+        async_at, sync_at = tmp / "async.sock", tmp / "sync.sock"
     sync_lst = None
     try:
         async with anyio.create_task_group() as tg:
             victims = Victims(tg)
             try:
                 async with ringwire.listen(
-                    tmp / "async.sock", slots=CHAOS_SLOTS, spin_us=rng.choice([0, 50])
+                    async_at, slots=CHAOS_SLOTS, spin_us=rng.choice([0, 50]), **where
                 ) as lst:
                     sync_lst = ringwire.SyncListener(
-                        tmp / "sync.sock", slots=CHAOS_SLOTS, spin_us=rng.choice([0, 50])
+                        sync_at, slots=CHAOS_SLOTS, spin_us=rng.choice([0, 50]), **where
                     )
-                    h = Harness(tmp, backend, lst, sync_lst, victims)
+                    h = Harness(tmp, backend, lst, sync_lst, victims, transport)
                     i = 0
                     while report.kills < kills:
                         name = names[i % len(names)] if i < len(names) else rng.choice(names)
@@ -1161,6 +1255,10 @@ async def chaos(tmp: Path, backend: str, kills: int, seed: int) -> Report:
                         report.records += r.records
                         report.latencies.extend(r.latencies.values())
                         report.worst = max(report.worst, r.worst)
+                    if transport == "tcp":  # every attach a killed client left is given up
+                        with anyio.fail_after(5):
+                            while lst._acceptor.next_deadline() is not None:
+                                await anyio.sleep(0.05)
             finally:
                 await victims.aclose()
     finally:
@@ -1169,12 +1267,13 @@ async def chaos(tmp: Path, backend: str, kills: int, seed: int) -> Report:
     return report
 
 
-def run_chaos(tmp_path: Path, backend: str, kills: int) -> Report:
+def run_chaos(tmp_path: Path, backend: str, kills: int, transport: str = "shm") -> Report:
     seed = chaos_seed()
-    print(f"chaos[{backend}]: seed {seed} (RINGWIRE_CHAOS_SEED={seed} replays it), {kills} kills")
+    what = f"{backend}, {transport}"
+    print(f"chaos[{what}]: seed {seed} (RINGWIRE_CHAOS_SEED={seed} replays it), {kills} kills")
     t0 = time.monotonic()
-    report = anyio.run(chaos, tmp_path, backend, kills, seed, backend=backend)
-    print(f"chaos[{backend}]: {report.summary()} in {time.monotonic() - t0:.1f} s")
+    report = anyio.run(chaos, tmp_path, backend, kills, seed, transport, backend=backend)
+    print(f"chaos[{what}]: {report.summary()} in {time.monotonic() - t0:.1f} s")
     for what in report.retried:
         print(f"  rerun (missed {DETECT_S * 1e3:.0f} ms once): {what}")
     assert not report.violations, (

@@ -325,7 +325,7 @@ async def role_server(cfg: dict[str, Any]) -> None:
     async with ringwire.listen(
         cfg["path"], slots=slots_from(cfg), spin_us=cfg.get("spin_us", 50)
     ) as lst:
-        point("listening")
+        point("listening", path=lst.path)  # (tcp://127.0.0.1:0: the port it got)
         conn = await lst.accept()
         point("accepted")
         n = 0
@@ -454,7 +454,7 @@ async def role_call_server(cfg: dict[str, Any]) -> None:
     async with ringwire.listen(
         cfg["path"], slots=slots_from(cfg), spin_us=cfg.get("spin_us", 50)
     ) as lst:
-        point("listening")
+        point("listening", path=lst.path)  # (tcp://127.0.0.1:0: the port it got)
         conn = await lst.accept()
         point("accepted")
         async with conn:

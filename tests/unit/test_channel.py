@@ -581,6 +581,23 @@ async def test_fan_in_is_fair_and_fifo(tmp_path):
                 await c.aclose()
 
 
+@BOTH
+@pytest.mark.anyio
+async def test_listener_forgets_connections_closed_after_accept(kind, tmp_path):
+    """A listener used through accept() alone (nobody reads its fan-in) used to keep
+    every connection it ever accepted, closed or not, in the fan-in."""
+    path = "tcp://127.0.0.1:0" if kind == "tcp" else tmp_path / "f.sock"
+    async with listen(path) as lst:
+        for i in range(5):
+            client = await connect(lst.path)
+            async with client, await lst.accept() as conn:
+                await client.send(i)
+                assert await conn.receive() == i
+        stats = lst.statistics()
+        assert lst.connections == [] and stats.open_connections == 0, stats
+        assert stats.accepted == 5 and stats.ended == 5 and stats.broken == 0
+
+
 @pytest.mark.anyio
 async def test_listener_receive_many_batches_fairly_and_in_order(tmp_path):
     path = tmp_path / "m.sock"
@@ -811,6 +828,67 @@ def test_sync_many_threads_one_channel(kind):
             t.join()
         for k in range(threads):
             assert [i for kk, i in got if kk == k] == list(range(n))
+
+
+@BOTH
+def test_sync_threads_lose_no_wakeup_to_a_drain_elsewhere(kind):
+    """A drain done by one thread (``poll_peer`` here; a receiver reading the end, a
+    sender noticing a hang-up) must not consume the readiness another thread sleeps on
+    in ``poll()``: three client threads send a request and wait for a reply, three echo
+    threads on the other end answer, and a fourth thread calls ``poll_peer`` on both
+    ends all the while.  At most three records are in flight, so a record pulled into
+    the inbox behind a sleeping receiver's back is not rescued by later traffic: every
+    reply must come back, no receive may time out, and the end of stream (whose
+    readiness the prodder also races for) must reach every echo thread."""
+    a, b = sync_pair(kind, capacity=SMALL, spin_us=0)
+    n, threads = 200, 3
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    sent: list[tuple[int, int]] = []
+    replies: list[tuple[int, int]] = []
+    with a, b:
+
+        def client(k: int) -> None:
+            try:
+                for i in range(n):
+                    sent.append((k, i))
+                    a.send((k, i), timeout=5)
+                    replies.append(tuple(a.receive(timeout=5)))  # type: ignore[arg-type]
+            except BaseException as exc:
+                errors.append(exc)
+
+        def echo() -> None:
+            try:
+                while True:
+                    try:
+                        rec = b.receive(timeout=5)
+                    except EndOfStream:
+                        return
+                    b.send(rec, timeout=5)
+            except BaseException as exc:
+                errors.append(exc)
+
+        def prodder() -> None:
+            while not stop.is_set():
+                a.poll_peer()
+                b.poll_peer()
+
+        clients = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
+        echoes = [threading.Thread(target=echo) for _ in range(threads)]
+        prod = threading.Thread(target=prodder)
+        for t in [prod, *echoes, *clients]:
+            t.start()
+        for t in clients:
+            t.join(60)
+        a.send_eof()
+        for t in echoes:
+            t.join(10)
+        stop.set()
+        prod.join(5)
+        stuck = [t for t in [prod, *echoes, *clients] if t.is_alive()]
+        assert not stuck, f"{len(stuck)} threads stuck"
+        assert not errors, errors
+        assert sorted(replies) == sorted(sent) and len(sent) == n * threads
 
 
 def test_sync_listener(tmp_path):

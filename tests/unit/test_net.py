@@ -51,19 +51,72 @@ async def test_arrays_travel_as_frames_and_the_receipt_waits_for_the_view() -> N
 
 
 async def test_loan_is_sent_without_a_copy_and_only_once() -> None:
+    """A loan is the very buffer the frame is sent from, and can be sent once: again
+    (before or after the receiver let go of it), twice in one record or a slice of it
+    after it was sent is a SlotMisuse, and its memory is not reused while the user
+    still holds it.  (The loan's finalizer used to sit on a slice that numpy's view
+    collapsing let die at once: the loan came back while the user filled it, the send
+    copied it -- into the loan's own memory, taken from the cache -- and a second send
+    went out too; a later loan could alias the first.)"""
     a, b = await tcp_pair(slots=BIG)
     async with a, b:
+        pool = a._core.pool
         buf = await a.loan((256, 256), np.float32)
+        gc.collect()
+        assert a.statistics().loans_outstanding == 1  # still out while the user holds it
         buf[:] = 7.0
         await a.send({"buf": buf})
+        assert [b_.loan for b_ in pool.sent.values()] == [True]  # the loan itself, no copy
+        with pytest.raises(ringwire.SlotMisuse, match="sent once"):
+            await a.send(buf)  # twice, not yet released
+        with pytest.raises(ringwire.SlotMisuse):
+            await a.send({"late": buf[:10]})  # a slice of it, after it was sent
         got = await b.receive()
         assert got["buf"].shape == (256, 256) and float(got["buf"].sum()) == 7.0 * 65536
+        del got
+        gc.collect()
+        await b.send("tick")  # the release goes out at this safe point
+        assert await a.receive() == "tick"
+        assert a.statistics().slot_bytes_in_use == 0
+        with pytest.raises(ringwire.SlotMisuse):
+            await a.send(buf)  # after it was released
+        again = await a.loan((256, 256), np.float32)
+        assert not np.shares_memory(again, buf)  # the user still holds buf: not reused
+        del again
         t = await a.loan(1 << 15, torch.float16)
         t.fill_(2)
-        await a.send(t)
+        await a.send(t[:100])  # a prefix of a loan may be sent
         got_t = await b.receive()
-        assert torch.equal(got_t, torch.full((1 << 15,), 2, dtype=torch.float16))
-        del got, got_t
+        assert torch.equal(got_t, torch.full((100,), 2, dtype=torch.float16))
+        del got_t, t
+        # the same loan twice in one record: refused, and nothing is left half-sent
+        v = await a.loan(1000, np.int64)
+        with pytest.raises(ringwire.SlotMisuse):
+            await a.send([v, v])
+        assert a.statistics().loans_outstanding == 1
+        v[:] = 3
+        await a.send([v])  # still a live loan
+        w = await b.receive()
+        assert len(w) == 1 and int(w[0].sum()) == 3000
+        del w
+        # a loan of another connection is an ordinary array here: copied
+        c, d = await tcp_pair(slots=BIG)
+        async with c, d:
+            other = await c.loan(1000, np.int64)
+            other[:] = 5
+            await a.send(other)
+            assert int((await b.receive()).sum()) == 5000
+            del other
+        # once the user lets go of a sent loan its memory is reused again
+        del buf, v
+        gc.collect()
+        await b.send("tock")
+        assert await a.receive() == "tock"
+        assert not pool.spent and a.statistics().loans_outstanding == 0
+        assert a.statistics().slot_bytes_in_use == 0
+        x = await a.loan(4, np.uint8)
+    with pytest.raises(ringwire.ClosedResourceError):
+        await a.send(x)  # after close
 
 
 async def test_budget_policies() -> None:
