@@ -125,6 +125,8 @@ class _Buffer:
 class NetSendPool:
     """The sender's side: the budget, buffers in flight, loans, releases, receipts."""
 
+    Placement: type[NetPlacement] = NetPlacement
+
     def __init__(self, config: SlotConfig, releases: deque[tuple[int, int]], max_inline: int):
         self.config = config
         self.budget = budget_of(config)
@@ -192,7 +194,7 @@ class NetSendPool:
     # -- placing ----------------------------------------------------------------------
 
     def placement(self, policy: str | None) -> NetPlacement:
-        p = NetPlacement()
+        p = self.Placement()
         p.pool = self
         p.frames = []
         p.policy = (
@@ -288,10 +290,24 @@ class NetSendPool:
             tag = next(self._tags)
             self.sent[tag] = buf
         placement.append((tag, _GEN, False))
-        placement.frames.append(arr.data[:nbytes])
-        return NetRef(
-            1, tag, _GEN, len(placement.frames) - 1, nbytes, tuple(obj.shape), wire, kind, device
-        )
+        return self._refer(placement, arr, 0, nbytes, tag, tuple(obj.shape), wire, kind, device)
+
+    def _refer(
+        self,
+        placement: NetPlacement,
+        arr: np.ndarray[Any, Any],
+        off: int,
+        nbytes: int,
+        tag: int,
+        shape: tuple[int, ...],
+        wire: str,
+        kind: Any,
+        device: str,
+    ) -> Any:
+        """The reference to bytes ``[off, off + nbytes)`` of a placed buffer: a frame
+        of the message (NIXL refers to its arena instead: :mod:`.nixlpools`)."""
+        placement.frames.append(arr.data[off : off + nbytes])
+        return NetRef(1, tag, _GEN, len(placement.frames) - 1, nbytes, shape, wire, kind, device)
 
     def _place_loaned(
         self,
@@ -320,8 +336,7 @@ class NetSendPool:
             self.sent[tag] = buf
         placement.append((tag, _GEN, True))
         off = addr - buf.lo
-        placement.frames.append(buf.array.data[off : off + nbytes])
-        return NetRef(1, tag, _GEN, len(placement.frames) - 1, nbytes, tuple(obj.shape), wire, kind)
+        return self._refer(placement, buf.array, off, nbytes, tag, tuple(obj.shape), wire, kind, "")
 
     def _exhausted(self, others: int, nbytes: int, policy: str) -> None:
         if policy == "inline":
@@ -356,7 +371,7 @@ class NetSendPool:
             arr = self._take(nbytes)
             tag = next(self._tags)
             self.loans[tag] = _Buffer(arr, nbytes, True)
-        base = arr[:nbytes]
+        base = np.frombuffer(arr.data[:nbytes], np.uint8)  # a root: its views keep it
         fin = weakref.finalize(base, self.loan_returns.append, (tag, _GEN))
         fin.atexit = False
         if kind == KIND_NUMPY:

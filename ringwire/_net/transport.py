@@ -20,7 +20,13 @@ byte   body                  meaning
 ``B``                        bye: the peer closes the socket now
 ``H``  token, session id     the client's attach (handshake only, :mod:`.handshake`)
 ``K``                        the server's answer to the attach
+``N``  msgpack ``Note``      NIXL: the peer's agent metadata and regions (only on a
+                             connection that negotiated NIXL, :mod:`.nixl`)
 =====  ====================  ===========================================================
+
+On a connection that negotiated NIXL a record whose last frame is empty carries a
+transfer list before it (:mod:`.nixlpools`); the ``holder`` keeps such a record, and
+every record after it, until its arrays have arrived.
 
 Anything else -- an unknown control byte, a credit that goes backwards or past what
 was sent, records past the credit, a record after ``E`` -- is a
@@ -351,6 +357,7 @@ class NetTransport:
         self.releases: deque[tuple[int, int]] = deque()  # from the peer, for the send pool
         self._news = False  # a pump outside drain() changed state: ring the eventfd
         self.on_frame: Callable[[list[Any]], None] = _ignore
+        self.holder: Any = None  # NIXL (ringwire._net.nixlpools.Link): hold, settle, note
         self.send_pool, self.recv_pool, self.encoder = pools(self)
         # read the monitor (and the socket) once now: libzmq signals a socket's FD for
         # a new message only after a read found its pipe empty
@@ -411,6 +418,10 @@ class NetTransport:
         except zmq.ZMQError:
             self.gone = True
 
+    def wake(self) -> None:
+        """Make :meth:`fileno` readable (any thread): something changed for the drivers."""
+        self._ring_self()
+
     def _ring_self(self) -> None:
         efd = self._efd
         if efd < 0:
@@ -438,6 +449,12 @@ class NetTransport:
             return
         sock = self._sock
         rx = self.rx
+        holder = self.holder
+        if holder is not None and holder.pending:
+            try:
+                holder.settle(rx)
+            except ProtocolError as exc:
+                self._fail(str(exc))
         while True:
             try:
                 first = sock.recv(zmq.NOBLOCK)
@@ -455,7 +472,12 @@ class NetTransport:
                 if rx.writer_closed_flag:
                     self._fail("a record arrived after the peer's end of stream")
                     continue
-                rx.inbox.append((first, parts))
+                try:
+                    if holder is None or not holder.hold(first, parts):
+                        rx.inbox.append((first, parts))
+                except ProtocolError as exc:
+                    self._fail(str(exc))
+                    continue
                 rx.inbox_bytes += len(first) + _HEADER
                 if rx.inbox_bytes > rx.capacity:
                     self._fail(
@@ -497,6 +519,11 @@ class NetTransport:
             self._reason = rest[:_MAX_REASON].decode("utf-8", "replace") or "no reason given"
         elif kind == b"B":
             self.gone = True
+        elif kind == b"N" and self.holder is not None:
+            try:
+                self.holder.note(rest)
+            except ProtocolError as exc:
+                return self._fail(str(exc))
         else:
             self._fail(f"an unknown control message {kind!r}")
         return None
