@@ -67,6 +67,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,7 @@ __all__ = [
 LINGER = 2.0
 """Seconds a closed sender keeps its arena registered for reads still to come."""
 ALIGN = 256  # every buffer of an arena starts at a multiple of this
+logger = logging.getLogger("ringwire")
 
 
 def arena_size(budget: int) -> int:
@@ -219,6 +221,7 @@ class Agent:
         self.regions: dict[int, Arena] = {}  # id -> arena registered now
         self._retired: list[tuple[Arena, float]] = []
         self._remotes: dict[str, int] = {}  # peer agent -> connections using it
+        self.senders: weakref.WeakSet[Any] = weakref.WeakSet()  # send pools (for exit)
         self._forget: list[str] = []  # peer agents to remove once idle
         self.reads = 0
         self.read_bytes = 0
@@ -292,11 +295,15 @@ class Agent:
                 if self._closed and not self._active and not self._new:
                     return
                 new, self._new = self._new, []
-            for job in new:
-                self._post(job)
-            busy = self._poll()
-            if self._retired or self._forget:
-                self._reap()
+            try:
+                for job in new:
+                    self._post(job)
+                busy = self._poll()
+                if self._retired or self._forget:
+                    self._reap()
+            except Exception:  # pragma: no cover - a bug here must not stop every read
+                logger.exception("ringwire's NIXL worker")
+                busy = True
             if busy:
                 pause = min(0.001, pause * 2 or 0.00002)
                 time.sleep(pause)
@@ -398,8 +405,12 @@ class Agent:
         deregister everything and stop the worker."""
         with self._cond:
             until = max((u for _, u in self._retired), default=0.0)
+        if any(pool.sent and not pool.gone for pool in list(self.senders)):
+            until = time.monotonic() + LINGER  # open connections with arrays still out
         deadline = min(until, time.monotonic() + LINGER)
-        while self._retired and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+            self._retired or any(p.sent and not p.gone for p in list(self.senders))
+        ):
             time.sleep(0.01)
         with self._cond:
             for job in self._active + self._new:

@@ -437,6 +437,7 @@ class NixlSendPool(NetSendPool):
         self.link = link
         self.nixl_sent = 0
         self.vram_sent = 0
+        link.agent.senders.add(self)
 
     def _take(self, nbytes: int) -> np.ndarray[Any, Any]:
         arena = self.link.send_arenas.get(0)

@@ -245,3 +245,27 @@ async def test_registrations_are_released_when_the_connection_closes() -> None:
     with anyio.fail_after(5):
         while nixl.registrations() > before:
             await anyio.sleep(0.01)
+
+
+@needs_nixl
+async def test_a_failed_read_breaks_only_that_connection_with_a_clear_error() -> None:
+    """A note that moves the sender's region to memory it never registered: the
+    receiver's read is refused by NIXL, and that connection breaks saying so."""
+    from ringwire._net.nixl import Note
+    from ringwire._net.nixlpools import _note_encoder
+
+    a, b = await tcp_pair(slots=BIG)
+    c, d = await tcp_pair(slots=BIG)
+    async with a, b, c, d:
+        link = a._core.transport.holder
+        arena = link.send_arenas[0]
+        agent = link.agent
+        forged = Note(agent.name, agent.metadata(), True, 0, [(0, "DRAM", 0, 4096, arena.size)])
+        a._core.transport.send_control(b"N" + _note_encoder.encode(forged))
+        await a.send(np.ones(1 << 17, np.uint8))
+        with pytest.raises(anyio.BrokenResourceError) as info:
+            with anyio.fail_after(5):
+                await b.receive()
+        assert "NIXL" in str(info.value.__cause__)
+        await c.send(np.ones(1 << 17, np.uint8))
+        assert int((await d.receive()).sum()) == 1 << 17
