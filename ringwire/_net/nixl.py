@@ -14,9 +14,12 @@ that says nothing (an older ringwire) gets frames.
 One agent per process
 ---------------------
 :func:`process` creates the agent lazily, on the first ``tcp://`` connection that
-offers NIXL, named ``ringwire-<host>-<pid>-<random>``.  A forked child gets a fresh
-one (the parent's agent and its UCX worker are left untouched, never destroyed, in
-the child); at exit every registration is deregistered and the agent dropped.
+offers NIXL, named ``ringwire-<host>-<pid>-<random>``.  A forked child of a
+process that made one gets none (UCX does not survive a fork: a fresh agent there
+created fine but its reads hung): its connections offer no NIXL and use frames, and
+the parent's agent object is kept, never destroyed, in the child.  A child that is
+spawned, or forked before the first ``tcp://`` connection, makes its own.  At exit
+every registration is deregistered and the agent dropped.
 Agent metadata travels over the connection's own control path: after the
 handshake each side sends an ``N`` control message (:class:`Note`: its agent name,
 its full metadata, whether it reads through NIXL, the regions it sends from), again
@@ -447,10 +450,10 @@ def process() -> Agent | None:
     if _agent is not None and _agent_pid == pid:
         return _agent
     with _lock:
-        if _agent is not None and _agent_pid != pid:
+        if _agent is not None and _agent_pid != pid:  # (a fork the hook did not see)
             _orphans.append(_agent)  # the parent's: never destroyed here
             _agent = None
-            _failed = None
+            _failed = "a forked child of a process with a NIXL agent (UCX is not fork-safe)"
         if _agent is None and _failed is None:
             _failed = _disabled()
             if _failed is None:
@@ -515,10 +518,10 @@ def registrations() -> int:
 
 def _after_fork() -> None:
     global _agent, _failed
-    if _agent is not None:
+    if _agent is not None:  # UCX does not survive a fork: this child uses frames
         _orphans.append(_agent)
+        _failed = "a forked child of a process with a NIXL agent (UCX is not fork-safe)"
     _agent = None
-    _failed = None
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -6,6 +6,8 @@ lists, registrations released."""
 from __future__ import annotations
 
 import gc
+import os
+import threading
 from typing import Any
 
 import anyio
@@ -269,3 +271,40 @@ async def test_a_failed_read_breaks_only_that_connection_with_a_clear_error() ->
         assert "NIXL" in str(info.value.__cause__)
         await c.send(np.ones(1 << 17, np.uint8))
         assert int((await d.receive()).sum()) == 1 << 17
+
+
+def _exchange_sync() -> tuple[bool, bool]:
+    """One array over a fresh tcp:// pair of this process: (intact, through NIXL)."""
+    with ringwire.SyncListener("tcp://127.0.0.1:0") as sl:
+        out: list[Any] = []
+        t = threading.Thread(target=lambda: out.append(ringwire.connect_sync(sl.path)))
+        t.start()
+        conn = sl.accept(10)
+        t.join()
+        with out[0] as c, conn:
+            x = np.arange(1 << 16, dtype=np.float32)
+            c.send(x, timeout=10)
+            y = conn.receive(timeout=10)
+            ok = bool((y == x).all())
+            through = getattr(conn._core.peer, "nixl_received", 0) == 1
+            del y
+        return ok, through
+
+
+@needs_nixl
+def test_a_forked_child_uses_frames_and_leaves_the_parents_agent_alone() -> None:
+    """UCX does not survive a fork: a forked child offers no NIXL (frames), and the
+    parent's agent keeps working after the child is gone."""
+    agent = nixl.process()
+    assert _exchange_sync() == (True, True)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 3
+        try:
+            ok, through = _exchange_sync()
+            code = 0 if ok and not through and nixl.process() is None and not nixl.offer() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert nixl.process() is agent and _exchange_sync() == (True, True)
