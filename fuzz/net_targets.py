@@ -323,10 +323,10 @@ def net_handshake(data: bytes) -> str:
         token, session, rest = body[:16], body[16:32], body[32:]
         frames = [f for f in rest.split(b"|")][:4]
         try:
-            M.check_attach(frames, token, session)
+            note = M.check_attach(frames, token, session)
         except HandshakeError:
             return "refused"
-        if frames != [b"", b"H" + token + session]:
+        if frames != [b"", b"H" + token + session + note]:
             raise Finding(f"an attach {frames!r} passed")
         return "ok"
     try:

@@ -74,7 +74,7 @@ from ._shm.segment import sweep as sweep_segments
 from ._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
 from ._shm.views import borrow, copy_out, release
 from ._wire.codec import Decoder, Encoder, decode, encode
-from ._wire.descriptors import CudaRef, NetRef, SlotRef
+from ._wire.descriptors import CudaRef, NetRef, NixlRef, SlotRef
 from ._wire.ext import ExtCode
 from ._wire.lanes import NATIVE as native
 from ._wire.lanes import REASON as native_reason
@@ -126,6 +126,7 @@ __all__ = [
     "SlotConfig",
     "SlotMisuse",
     "NetRef",
+    "NixlRef",
     "SlotRef",
     "SlotsExhausted",
     "Subscriber",

@@ -10,6 +10,13 @@ session id); the listener checks it, notes which TCP connection it came from (it
 monitor then names that one's hang-up) and answers ``K``.  The connection's identity
 is that session: a peer that comes back is a new connection (nothing reconnects).
 
+Both hello and welcome end with ``nixl``: what the side can do with NIXL
+(:func:`ringwire._net.nixl.offer`, ``""`` for nothing); large tensors go through NIXL
+only when both said something (:mod:`.nixlpools`), and as ZeroMQ frames otherwise.
+Then each side's NIXL note (agent metadata, regions) rides at the end of the attach
+and of its answer (``H`` ... note, ``K`` note), so that both know the other's before
+the first record.
+
 :func:`parse_address` validates a ``tcp://host:port`` address; a client resolves the
 host first, so a bad name is an error naming it, and a refused rendezvous is a
 ``ConnectionRefusedError`` naming the address, as on one host.
@@ -33,6 +40,7 @@ from zmq.utils.monitor import parse_monitor_message
 from .._errors import HandshakeError
 from .._shm.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
+from . import nixl
 from .messages import (
     MAX_BUDGET,
     Hello,
@@ -120,8 +128,14 @@ def _make_transport(
     peer_fd: int | None,
     address: str,
     slots: SlotConfig | None,
+    link: Any = None,
+    peer_note: bytes = b"",
 ) -> NetTransport:
     def pools(t: NetTransport) -> tuple[Any, Any, Any]:
+        if link is not None:
+            from .nixlpools import nixl_pools
+
+            return nixl_pools(t, link, slots, peer_capacity, peer_note)
         send = None
         if slots is not None:
             send = NetSendPool(slots, t.releases, peer_capacity // 2 - 1024)
@@ -142,6 +156,14 @@ def _make_transport(
 
 def _budget(slots: SlotConfig | None) -> int:
     return budget_of(slots) if slots is not None else 0
+
+
+def _nixl_link(slots: SlotConfig | None, peer_budget: int) -> Any:
+    """The NIXL side of a connection whose both ends offered NIXL (its arenas made
+    and registered; :mod:`.nixlpools`)."""
+    from .nixlpools import prepare
+
+    return prepare(_budget(slots), min(peer_budget, MAX_BUDGET))
 
 
 # -- the client ------------------------------------------------------------------------
@@ -180,6 +202,7 @@ def client_handshake(
     )
     pair: zmq.Socket[Any] | None = None
     pmon: zmq.Socket[Any] | None = None
+    link: Any = None
     done = False
     connected = False
 
@@ -202,7 +225,13 @@ def client_handshake(
         dealer.connect(addr.url)
         session = secrets.token_bytes(16)
         hello = Hello(
-            PROTOCOL_VERSION, session, capacity, _budget(slots), os.getpid(), socket.gethostname()
+            PROTOCOL_VERSION,
+            session,
+            capacity,
+            _budget(slots),
+            os.getpid(),
+            socket.gethostname(),
+            nixl.offer(),
         )
         dealer.send(encode_rendezvous(hello))
         while not _recv_ready(dealer):
@@ -215,18 +244,20 @@ def client_handshake(
         configure(pair, heartbeat, max(capacity, min(reply.budget, MAX_BUDGET)) + 64)
         pmon = monitor_of(pair)
         pair.connect(Address(addr.host, reply.port).url)
-        pair.send_multipart((b"", b"H" + reply.token + session))
+        if hello.nixl and reply.nixl:
+            link = _nixl_link(slots, reply.budget)
+        pair.send_multipart((b"", b"H" + reply.token + session + (link.note() if link else b"")))
         while not _recv_ready(pair):
             check_listener()
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the listener at {url} did not answer the attach (timeout)")
             yield pair, min(deadline, time.monotonic() + _STEP)
         ok = pair.recv_multipart()
-        if ok != [b"", b"K"]:
+        if len(ok) != 2 or ok[0] != b"" or ok[1][:1] != b"K" or (len(ok[1]) > 1 and not link):
             if len(ok) == 2 and ok[0] == b"" and ok[1][:1] == b"A":
                 reason = ok[1][1:].decode("utf-8", "replace")
                 raise HandshakeError(f"the listener at {url} refused the attach: {reason}")
-            raise HandshakeError(f"the listener at {url} answered the attach with {ok!r}")
+            raise HandshakeError(f"the listener at {url} answered the attach with {ok!r:.200}")
         t = _make_transport(
             pair,
             pmon,
@@ -236,6 +267,8 @@ def client_handshake(
             peer_fd=None,
             address=url,
             slots=slots,
+            link=link,
+            peer_note=ok[1][1:],
         )
         done = True
         return t
@@ -243,6 +276,9 @@ def client_handshake(
         close_monitored(dealer, dmon, 0)
         if not done and pair is not None and pmon is not None:
             close_monitored(pair, pmon, 0)
+        if not done and link is not None:
+            link.close_send(False)
+            link.close_recv()
 
 
 # -- the listener ----------------------------------------------------------------------
@@ -255,14 +291,17 @@ a flood of hellos is refused beyond this instead of exhausting descriptors and p
 
 
 class _Pending:
-    __slots__ = ("sock", "mon", "token", "hello", "deadline")
+    __slots__ = ("sock", "mon", "token", "hello", "deadline", "nixl")
 
-    def __init__(self, sock: Any, mon: Any, token: bytes, hello: Hello, deadline: float):
+    def __init__(
+        self, sock: Any, mon: Any, token: bytes, hello: Hello, deadline: float, nixl: str = ""
+    ) -> None:
         self.sock = sock
         self.mon = mon
         self.token = token
         self.hello = hello
         self.deadline = deadline
+        self.nixl = nixl  # what this side offered it (NIXL is on when both did)
 
 
 class NetAcceptor:
@@ -376,10 +415,13 @@ class NetAcceptor:
                 sock.close(0)
             raise HandshakeError(f"no port for pid {hello.pid} on {hello.host!r}: {exc}") from exc
         token = secrets.token_bytes(16)
-        p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout)
+        offer = nixl.offer() if hello.nixl else ""
+        p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout, offer)
         self._pending.append(p)
         self._ep.register(int(sock.getsockopt(zmq.FD)), select.EPOLLIN)
-        welcome = Welcome(PROTOCOL_VERSION, port, token, cap, _budget(self._slots), os.getpid())
+        welcome = Welcome(
+            PROTOCOL_VERSION, port, token, cap, _budget(self._slots), os.getpid(), offer
+        )
         self.router.send_multipart((rid, encode_rendezvous(welcome)), zmq.NOBLOCK)
 
     def _attach(self, p: _Pending, now: float) -> NetTransport | None:
@@ -395,12 +437,13 @@ class NetAcceptor:
         fd = int(first.get(zmq.SRCFD))
         rest = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
         try:
-            check_attach([first.bytes, *rest], p.token, p.hello.session)
+            peer_note = check_attach([first.bytes, *rest], p.token, p.hello.session)
         except HandshakeError as exc:
             raise HandshakeError(
                 f"{exc} on the port given to pid {p.hello.pid} on {p.hello.host!r}"
             ) from None
-        sock.send_multipart((b"", b"K"), zmq.NOBLOCK)
+        link = _nixl_link(self._slots, p.hello.budget) if p.nixl and peer_note else None
+        sock.send_multipart((b"", b"K" + (link.note() if link else b"")), zmq.NOBLOCK)
         host = f"{p.hello.host} pid {p.hello.pid}"
         return _make_transport(
             sock,
@@ -411,6 +454,8 @@ class NetAcceptor:
             peer_fd=fd,
             address=f"{self.url} <- {host}",
             slots=self._slots,
+            link=link,
+            peer_note=peer_note,
         )
 
     def _forget(self, p: _Pending) -> None:

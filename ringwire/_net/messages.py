@@ -110,6 +110,7 @@ class Hello(msgspec.Struct, array_like=True, tag="hello"):
     budget: int
     pid: int
     host: str
+    nixl: str = ""  # what this side can do with NIXL ("" nothing; see .nixl.offer)
 
 
 class Welcome(msgspec.Struct, array_like=True, tag="welcome"):
@@ -119,6 +120,7 @@ class Welcome(msgspec.Struct, array_like=True, tag="welcome"):
     capacity: int
     budget: int
     pid: int
+    nixl: str = ""
 
 
 class Refuse(msgspec.Struct, array_like=True, tag="refuse"):
@@ -174,8 +176,11 @@ def check_welcome(msg: Any, url: str) -> Welcome:
     return msg
 
 
-def check_attach(frames: Sequence[bytes], token: bytes, session: bytes) -> None:
+def check_attach(frames: Sequence[bytes], token: bytes, session: bytes) -> bytes:
     """The first message on a connection's port must be ``[b"", b"H" + token +
-    session]`` with the token given to this client and its session id."""
-    if len(frames) != 2 or frames[0] != b"" or frames[1] != b"H" + token + session:
+    session + note]`` with the token given to this client and its session id; returns
+    the note (the client's NIXL agent, :mod:`.nixl`; empty without NIXL)."""
+    attach = b"H" + token + session
+    if len(frames) != 2 or frames[0] != b"" or not frames[1].startswith(attach):
         raise HandshakeError("a bad attach (wrong token or session id, or not an attach)")
+    return frames[1][len(attach) :]

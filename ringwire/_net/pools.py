@@ -126,6 +126,8 @@ class _Buffer:
 class NetSendPool:
     """The sender's side: the budget, buffers in flight, loans, releases, receipts."""
 
+    Placement: type[NetPlacement] = NetPlacement
+
     def __init__(self, config: SlotConfig, releases: deque[tuple[int, int]], max_inline: int):
         self.config = config
         self.budget = budget_of(config)
@@ -191,6 +193,11 @@ class NetSendPool:
         if buf.fin is not None and buf.fin.alive:
             self.spent[tag] = buf
             return
+        self._recycle(buf)
+
+    def _recycle(self, buf: _Buffer) -> None:
+        """A buffer nobody uses any more: cached for the next array (overridden by the
+        NIXL pool, whose buffers go back to its registered arena)."""
         self._cache_put(buf.array)
 
     def _cache_put(self, arr: np.ndarray[Any, Any]) -> None:
@@ -201,7 +208,7 @@ class NetSendPool:
     # -- placing ----------------------------------------------------------------------
 
     def placement(self, policy: str | None) -> NetPlacement:
-        p = NetPlacement()
+        p = self.Placement()
         p.pool = self
         p.frames = []
         p.policy = (
@@ -297,10 +304,24 @@ class NetSendPool:
             tag = next(self._tags)
             self.sent[tag] = buf
         placement.append((tag, _GEN, False))
-        placement.frames.append(arr.data[:nbytes])
-        return NetRef(
-            1, tag, _GEN, len(placement.frames) - 1, nbytes, tuple(obj.shape), wire, kind, device
-        )
+        return self._refer(placement, arr, 0, nbytes, tag, tuple(obj.shape), wire, kind, device)
+
+    def _refer(
+        self,
+        placement: NetPlacement,
+        arr: np.ndarray[Any, Any],
+        off: int,
+        nbytes: int,
+        tag: int,
+        shape: tuple[int, ...],
+        wire: str,
+        kind: Any,
+        device: str,
+    ) -> Any:
+        """The reference to bytes ``[off, off + nbytes)`` of a placed buffer: a frame
+        of the message (NIXL refers to its arena instead: :mod:`.nixlpools`)."""
+        placement.frames.append(arr.data[off : off + nbytes])
+        return NetRef(1, tag, _GEN, len(placement.frames) - 1, nbytes, shape, wire, kind, device)
 
     def _place_loaned(
         self,
@@ -331,8 +352,7 @@ class NetSendPool:
             self.sent[tag] = buf
         placement.append((tag, _GEN, True))
         off = addr - buf.lo
-        placement.frames.append(buf.array.data[off : off + nbytes])
-        return NetRef(1, tag, _GEN, len(placement.frames) - 1, nbytes, tuple(obj.shape), wire, kind)
+        return self._refer(placement, buf.array, off, nbytes, tag, tuple(obj.shape), wire, kind, "")
 
     def _exhausted(self, others: int, nbytes: int, policy: str) -> None:
         if policy == "inline":
@@ -416,7 +436,7 @@ class NetSendPool:
             else:
                 buf = self.spent.pop(tag, None)
                 if buf is not None:  # sent, released, and now let go by the user too
-                    self._cache_put(buf.array)
+                    self._recycle(buf)
 
     def reclaim(self, *, publish: bool = True) -> int:
         """The peer is gone: every buffer it held counts as released (not reused:

@@ -20,7 +20,13 @@ byte   body                  meaning
 ``B``                        bye: the peer closes the socket now
 ``H``  token, session id     the client's attach (handshake only, :mod:`.handshake`)
 ``K``                        the server's answer to the attach
+``N``  msgpack ``Note``      NIXL: the peer's agent metadata and regions (only on a
+                             connection that negotiated NIXL, :mod:`.nixl`)
 =====  ====================  ===========================================================
+
+On a connection that negotiated NIXL a record whose last frame is empty carries a
+transfer list before it (:mod:`.nixlpools`); the ``holder`` keeps such a record, and
+every record after it, until its arrays have arrived.
 
 Anything else -- an unknown control byte, a credit that goes backwards or past what
 was sent, records past the credit, a record after ``E`` -- is a
@@ -355,6 +361,7 @@ class NetTransport:
         self.releases: deque[tuple[int, int]] = deque()  # from the peer, for the send pool
         self._news = False  # a pump outside drain() changed state: ring the eventfd
         self.on_frame: Callable[[list[Any]], None] = _ignore
+        self.holder: Any = None  # NIXL (ringwire._net.nixlpools.Link): hold, settle, note
         self.send_pool, self.recv_pool, self.encoder = pools(self)
         self.status = self.tx.status = open_slot(self, sock, peer_fd)  # what inspect shows
         # read the monitor (and the socket) once now: libzmq signals a socket's FD for
@@ -416,6 +423,10 @@ class NetTransport:
         except zmq.ZMQError:
             self.gone = True
 
+    def wake(self) -> None:
+        """Make :meth:`fileno` readable (any thread): something changed for the drivers."""
+        self._ring_self()
+
     def _ring_self(self) -> None:
         efd = self._efd
         if efd < 0:
@@ -444,6 +455,12 @@ class NetTransport:
         sock = self._sock
         rx = self.rx
         heard = False
+        holder = self.holder
+        if holder is not None and holder.pending:
+            try:
+                holder.settle(rx)
+            except ProtocolError as exc:
+                self._fail(str(exc))
         while True:
             try:
                 first = sock.recv(zmq.NOBLOCK)
@@ -462,7 +479,12 @@ class NetTransport:
                 if rx.writer_closed_flag:
                     self._fail("a record arrived after the peer's end of stream")
                     continue
-                rx.inbox.append((first, parts))
+                try:
+                    if holder is None or not holder.hold(first, parts):
+                        rx.inbox.append((first, parts))
+                except ProtocolError as exc:
+                    self._fail(str(exc))
+                    continue
                 rx.inbox_bytes += len(first) + _HEADER
                 if rx.inbox_bytes > rx.capacity:
                     self._fail(
@@ -484,6 +506,12 @@ class NetTransport:
     def _control(self, body: bytes) -> None:
         self.doorbells_received += 1
         self._news = True
+        if body[:1] == b"N" and self.holder is not None:  # NIXL: a region announced
+            try:
+                self.holder.note(body[1:])
+            except ProtocolError as exc:
+                self._fail(str(exc))
+            return
         try:
             kind, value = parse_control(body)
             if kind == b"C":

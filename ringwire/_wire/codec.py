@@ -49,7 +49,7 @@ import numpy as np
 
 from .._errors import DecodeError, EncodeError
 from . import ext as X
-from .descriptors import CudaRef, NetRef, SlotRef, decode_descriptor
+from .descriptors import CudaRef, NetRef, NixlRef, SlotRef, decode_descriptor
 from .dtypes import (
     MAX_NDIM,
     numpy_dtype_from_wire,
@@ -77,7 +77,7 @@ _UNSIZED = frozenset({"<U0", ">U0", "|S0"})  # as Ext 10 only: arrays and scalar
 _meta_encoder = msgspec.msgpack.Encoder()
 _meta_decoder = msgspec.msgpack.Decoder()
 
-Placer = Callable[[Any], "SlotRef | CudaRef | NetRef | None"]
+Placer = Callable[[Any], "SlotRef | CudaRef | NetRef | NixlRef | None"]
 # called with a SlotRef / CudaRef (an SGLangState in the SGLang profile)
 Resolver = Callable[[Any], Any]
 Profile = Literal["ringwire", "sglang"]
@@ -312,6 +312,8 @@ class Encoder:
             return Ext(X.CUDA_REF, _meta_encoder.encode(obj))
         if isinstance(obj, NetRef):
             return Ext(X.NET_REF, _meta_encoder.encode(obj))
+        if isinstance(obj, NixlRef):
+            return Ext(X.NIXL_REF, _meta_encoder.encode(obj))
         if isinstance(obj, array.array):
             return _encode_array(obj)
         if torch_loaded():
@@ -349,7 +351,7 @@ class Encoder:
             return map_dict(self._lift_any, v)
         if t is tuple:
             return Ext(X.TUPLE, self._msg.encode([self._lift_any(x) for x in v]))
-        if t is SlotRef or t is CudaRef or t is NetRef:  # msgspec: plain arrays
+        if t is SlotRef or t is CudaRef or t is NetRef or t is NixlRef:  # msgspec: plain arrays
             return self._hook(v)
         if isinstance(v, msgspec.Struct):
             return self._lift_struct(v)
@@ -544,6 +546,7 @@ class Decoder:
             X.SHM_REF: self._shm_ref,
             X.CUDA_REF: self._cuda_ref,
             X.NET_REF: self._net_ref,
+            X.NIXL_REF: self._nixl_ref,
             X.TUPLE: self._tuple,
             X.TORCH_SIZE: self._torch_size,
             X.TORCH_DTYPE: self._torch_dtype,
@@ -685,6 +688,10 @@ class Decoder:
 
     def _net_ref(self, data: memoryview) -> Any:
         ref = decode_descriptor(NetRef, data)
+        return ref if self._resolver is None else self._resolver(ref)
+
+    def _nixl_ref(self, data: memoryview) -> Any:
+        ref = decode_descriptor(NixlRef, data)
         return ref if self._resolver is None else self._resolver(ref)
 
     def _tuple(self, data: memoryview) -> tuple[Any, ...]:

@@ -21,7 +21,15 @@ import msgspec
 from .._errors import DecodeError
 from .dtypes import MAX_NDIM, numpy_dtype_from_wire, torch_dtype_from_wire
 
-__all__ = ["SlotRef", "CudaRef", "NetRef", "DESCRIPTOR_VERSION", "KIND_NUMPY", "KIND_TORCH"]
+__all__ = [
+    "SlotRef",
+    "CudaRef",
+    "NetRef",
+    "NixlRef",
+    "DESCRIPTOR_VERSION",
+    "KIND_NUMPY",
+    "KIND_TORCH",
+]
 
 DESCRIPTOR_VERSION = 1
 KIND_NUMPY = "numpy"
@@ -39,7 +47,7 @@ def _itemsize(kind: str, dtype: str) -> int:
     return int(torch_dtype_from_wire(dtype).itemsize)
 
 
-def _check_nbytes(ref: SlotRef | CudaRef | NetRef) -> None:
+def _check_nbytes(ref: SlotRef | CudaRef | NetRef | NixlRef) -> None:
     if ref.version != DESCRIPTOR_VERSION:
         raise DecodeError(
             f"{type(ref).__name__} version {ref.version} is not supported "
@@ -145,6 +153,36 @@ class NetRef(msgspec.Struct, array_like=True, frozen=True):
         _check_nbytes(self)
         if self.device and not self.device.startswith("cuda"):
             raise DecodeError(f"NetRef device {self.device!r} is not a CUDA device")
+        return self
+
+
+class NixlRef(msgspec.Struct, array_like=True, frozen=True):
+    """Ext 21: an array or tensor that the receiver reads through NIXL from the
+    sender's registered memory (TCP connections that negotiated NIXL, see
+    :mod:`ringwire._net.nixl`).
+
+    ``entry`` is the index of its transfer in the message's transfer list (the frame
+    the message carries after the record: region, offset, byte count of each array);
+    the receiver's transfer lands at the same offset of its own registered region.
+    ``tag``, ``generation``, ``dtype``, ``kind`` and ``device`` as in :class:`NetRef`
+    (``device`` is where the tensor lived on the sender; whether it landed in the
+    receiver's GPU memory or was staged through host memory says the region).
+    """
+
+    version: int
+    tag: _U64
+    generation: _U64
+    entry: Annotated[int, msgspec.Meta(ge=0, lt=1 << 16)]
+    nbytes: _U64
+    shape: _Shape
+    dtype: str
+    kind: _Kind
+    device: Annotated[str, msgspec.Meta(max_length=32)] = ""
+
+    def validate(self) -> NixlRef:
+        _check_nbytes(self)
+        if self.device and not self.device.startswith("cuda"):
+            raise DecodeError(f"NixlRef device {self.device!r} is not a CUDA device")
         return self
 
 

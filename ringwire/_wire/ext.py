@@ -28,6 +28,9 @@ code   meaning                       payload
 20     network tensor reference      msgpack :class:`ringwire.NetRef` (versioned): an array
                                      that travels as a frame of its own beside the record
                                      (TCP connections, :mod:`ringwire._net`)
+21     NIXL tensor reference         msgpack :class:`ringwire.NixlRef` (versioned): an array
+                                     the receiver reads through NIXL from the sender's
+                                     registered memory (:mod:`ringwire._net.nixl`)
 =====  ============================  =====================================================
 
 Codes 6-19 are *typed leaves*: values msgspec would encode as something else (an
@@ -73,6 +76,7 @@ TIMEDELTA = 17
 UUID = 18
 DECIMAL = 19
 NET_REF = 20
+NIXL_REF = 21
 
 
 class ExtCode(enum.IntEnum):
@@ -98,3 +102,4 @@ class ExtCode(enum.IntEnum):
     UUID = UUID
     DECIMAL = DECIMAL
     NET_REF = NET_REF
+    NIXL_REF = NIXL_REF

@@ -31,6 +31,7 @@ from ringwire import (
     Encoder,
     ExtCode,
     NetRef,
+    NixlRef,
     Record,
     RingwireError,
     SGLangRecord,
@@ -159,6 +160,18 @@ GOLDEN = [
         "c713149901070200089102a33c6634a56e756d7079a0",
         id="ext20-netref",
     ),
+    # Ext 21: [version 1, tag 7, generation 1, entry 0, 8 bytes, shape [2], "<f4", "numpy", ""]
+    pytest.param(
+        NixlRef(1, 7, 1, 0, 8, (2,), "<f4", "numpy"),
+        "c713159901070100089102a33c6634a56e756d7079a0",
+        id="ext21-nixlref",
+    ),
+    # ... a tensor that was on cuda:0: [1, 7, 1, 0, 8, [2], "float32", "torch", "cuda:0"]
+    pytest.param(
+        NixlRef(1, 7, 1, 0, 8, (2,), "float32", "torch", "cuda:0"),
+        "c71d159901070100089102a7666c6f61743332a5746f726368a6637564613a30",
+        id="ext21-nixlref-cuda",
+    ),
 ]
 
 
@@ -169,9 +182,12 @@ GOLDEN = [
         (NetRef(2, 7, 2, 0, 8, (2,), "<f4", "numpy"), "version 2"),
         (NetRef(1, 7, 2, 0, 8, (2,), "<f4", "numpy", "mps:0"), "not a CUDA device"),
         (NetRef(1, 7, 2, 0, 16, (2,), "|O", "numpy"), "not an allowed dtype"),
+        (NixlRef(1, 7, 1, 0, 9, (2,), "<f4", "numpy"), "needs 8"),
+        (NixlRef(2, 7, 1, 0, 8, (2,), "<f4", "numpy"), "version 2"),
+        (NixlRef(1, 7, 1, 0, 8, (2,), "<f4", "numpy", "cpu"), "not a CUDA device"),
     ],
 )
-def test_netref_is_checked(ref: NetRef, match: str) -> None:
+def test_netref_is_checked(ref: NetRef | NixlRef, match: str) -> None:
     with pytest.raises(DecodeError, match=match):
         dec.decode(enc.encode(ref))
 
@@ -241,6 +257,7 @@ def test_ext_code_table_is_stable() -> None:
         "UUID": 18,
         "DECIMAL": 19,
         "NET_REF": 20,
+        "NIXL_REF": 21,
     }
 
 

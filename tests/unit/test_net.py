@@ -26,6 +26,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(autouse=True)
+def zeromq_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the ZeroMQ frames (Ext 20): NIXL off even where it is
+    installed (tests/unit/test_nixl.py has the NIXL twins)."""
+    monkeypatch.setenv("RINGWIRE_NIXL", "0")
+
+
 async def test_arrays_travel_as_frames_and_the_receipt_waits_for_the_view() -> None:
     a, b = await tcp_pair(slots=BIG)
     async with a, b:

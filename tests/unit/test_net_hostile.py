@@ -53,6 +53,13 @@ WAIT_MS = 5000
 SLOTS = ringwire.SlotConfig(classes=(ringwire.SlotClass(64 << 10, 4),), threshold=1024)
 
 
+@pytest.fixture(autouse=True)
+def zeromq_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attacks forge Ext 20 (ZeroMQ frames): NIXL off even where it is installed,
+    for the good client too (tests/unit/test_nixl.py has the forged NIXL references)."""
+    monkeypatch.setenv("RINGWIRE_NIXL", "0")
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
