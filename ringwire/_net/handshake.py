@@ -10,6 +10,10 @@ session id); the listener checks it, notes which TCP connection it came from (it
 monitor then names that one's hang-up) and answers ``K``.  The connection's identity
 is that session: a peer that comes back is a new connection (nothing reconnects).
 
+With keys (:mod:`.keys`) every one of these sockets runs CURVE and the listener admits
+only its listed clients; a refusal is an error on the client at once and a logged
+refusal on the listener (:mod:`.curve`).
+
 :func:`parse_address` validates a ``tcp://host:port`` address; a client resolves the
 host first, so a bad name is an error naming it, and a refused rendezvous is a
 ``ConnectionRefusedError`` naming the address, as on one host.
@@ -30,9 +34,11 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from .._errors import HandshakeError
+from .._errors import HandshakeError, PeerCredentialsError
 from .._shm.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
+from .curve import FAILED_EVENTS, Guard, client_refusal, secure_client, server_refusal
+from .keys import ClientKeys, ServerKeys
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
 from .transport import NetTransport, close_monitored, configure, context, monitor_of
 
@@ -181,6 +187,13 @@ def _recv_ready(sock: zmq.Socket[Any]) -> bool:
     return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
+def _events(mon: zmq.Socket[Any]) -> Generator[tuple[int, int], None, None]:
+    """The events waiting on the monitor socket ``mon``, as ``(event, value)``."""
+    while _recv_ready(mon):
+        ev = parse_monitor_message(mon.recv_multipart())
+        yield int(ev["event"]), int(ev["value"])
+
+
 def client_handshake(
     url: str,
     addr: Address,
@@ -189,14 +202,21 @@ def client_handshake(
     slots: SlotConfig | None,
     heartbeat: float,
     deadline: float,
+    keys: ClientKeys | None = None,
 ) -> Handshake:
     """Connect to the listener at ``addr`` (resolved); see the module docstring.
     Raises ``ConnectionRefusedError`` / ``TimeoutError`` naming ``url``,
-    :class:`HandshakeError` when the listener refuses or misbehaves."""
+    :class:`HandshakeError` when the listener refuses or misbehaves,
+    :class:`~ringwire.PeerCredentialsError` when the CURVE handshake fails (a key
+    refused, keys missing on one side, a wrong server key)."""
     ctx = context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
-    dmon = dealer.get_monitor_socket(zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED)
+    if keys is not None:
+        secure_client(dealer, keys)
+    dmon = dealer.get_monitor_socket(
+        zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED | FAILED_EVENTS
+    )
     pair: zmq.Socket[Any] | None = None
     pmon: zmq.Socket[Any] | None = None
     done = False
@@ -209,11 +229,12 @@ def client_handshake(
         dealer.send(_encoder.encode(hello))
         connected = False
         while not _recv_ready(dealer):
-            while _recv_ready(dmon):
-                ev = parse_monitor_message(dmon.recv_multipart())
-                if ev["event"] == zmq.EVENT_CONNECTED:
+            for event, value in _events(dmon):
+                if event & FAILED_EVENTS:
+                    raise client_refusal(event, value, url, keys)
+                if event == zmq.EVENT_CONNECTED:
                     connected = True
-                elif ev["event"] == zmq.EVENT_CONNECT_RETRIED and not connected:
+                elif event == zmq.EVENT_CONNECT_RETRIED and not connected:
                     raise ConnectionRefusedError(
                         111,
                         f"no ringwire listener at {url}: the connection was refused (start "
@@ -231,10 +252,17 @@ def client_handshake(
             raise HandshakeError(f"the listener at {url} sent a bad welcome")
         pair = ctx.socket(zmq.PAIR)
         configure(pair, heartbeat, max(capacity, min(reply.budget, _MAX_BUDGET)) + 64)
+        if keys is not None:
+            secure_client(pair, keys)
         pmon = monitor_of(pair)
         pair.connect(Address(addr.host, reply.port).url)
         pair.send_multipart((b"", b"H" + reply.token + session))
         while not _recv_ready(pair):
+            for event, value in _events(pmon):  # (before the K: nothing the transport needs)
+                if event & FAILED_EVENTS:
+                    raise client_refusal(event, value, url, keys)
+                if event == zmq.EVENT_DISCONNECTED:
+                    raise HandshakeError(f"the listener at {url} closed the attach")
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the listener at {url} did not answer the attach (timeout)")
             yield pair, min(deadline, time.monotonic() + 0.05)
@@ -263,14 +291,17 @@ def client_handshake(
 
 
 class _Pending:
-    __slots__ = ("sock", "mon", "token", "hello", "deadline")
+    __slots__ = ("sock", "mon", "token", "hello", "deadline", "user")
 
-    def __init__(self, sock: Any, mon: Any, token: bytes, hello: Hello, deadline: float):
+    def __init__(
+        self, sock: Any, mon: Any, token: bytes, hello: Hello, deadline: float, user: str | None
+    ):
         self.sock = sock
         self.mon = mon
         self.token = token
         self.hello = hello
         self.deadline = deadline
+        self.user = user  # the client's CURVE key (z85) that said hello (keyed listeners)
 
 
 class NetAcceptor:
@@ -278,7 +309,9 @@ class NetAcceptor:
 
     Never blocks: :meth:`step` does what can be done now and returns the transports
     of connections that finished their handshake, and the refusals (as exceptions);
-    :meth:`waitables` says which sockets to wait on, and until when."""
+    :meth:`waitables` says which sockets to wait on, and until when.  With ``keys``
+    every socket runs CURVE, a :class:`~.curve.Guard` admits the listed clients only,
+    and the refusals come out of :meth:`step` with the others."""
 
     def __init__(
         self,
@@ -289,6 +322,7 @@ class NetAcceptor:
         heartbeat: float,
         handshake_timeout: float,
         capacity_default: int,
+        keys: ServerKeys | None = None,
     ) -> None:
         self.url = url
         addr = parse_address(url, bind=True)
@@ -299,9 +333,14 @@ class NetAcceptor:
         self._timeout = handshake_timeout
         self._capacity_default = capacity_default
         ctx = context()
+        self._guard = Guard(keys, url) if keys is not None else None
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self._rmon: zmq.Socket[Any] | None = None
+        if self._guard is not None:
+            self._guard.secure(self.router)
+            self._rmon = self.router.get_monitor_socket(FAILED_EVENTS)
         try:
             if addr.port == 0:
                 port = self.router.bind_to_random_port(
@@ -311,14 +350,38 @@ class NetAcceptor:
                 self.router.bind(addr.url)
                 port = addr.port
         except zmq.ZMQError as exc:
-            self.router.close(0)
+            self._close_rendezvous()
             raise OSError(exc.errno, f"cannot listen at {url}: {exc.strerror}") from exc
         self.address = Address(addr.host, port)
         self._pending: list[_Pending] = []
         self.backlog: list[NetTransport] = []  # accepted, not yet handed out (sync)
         self._ep = select.epoll()
         self._ep.register(int(self.router.getsockopt(zmq.FD)), select.EPOLLIN)
+        if self._guard is not None and self._rmon is not None:
+            self._ep.register(self._guard.fileno(), select.EPOLLIN)
+            self._ep.register(int(self._rmon.getsockopt(zmq.FD)), select.EPOLLIN)
         self.closed = False
+
+    def _close_rendezvous(self) -> None:
+        if self._rmon is not None:
+            close_monitored(self.router, self._rmon, 0)
+        else:
+            self.router.close(0)
+        if self._guard is not None:
+            self._guard.close()
+
+    def _key_refusals(self) -> list[BaseException]:
+        """The keyed rendezvous's refusals: the authenticator's, and the handshakes
+        that failed below it (its monitor)."""
+        guard, rmon = self._guard, self._rmon
+        if guard is None or rmon is None:
+            return []
+        out = guard.refusals()
+        for event, value in _events(rmon):
+            exc = server_refusal(event, value, self.url, guard.keys)
+            if exc is not None:
+                out.append(exc)
+        return out
 
     def fileno(self) -> int:
         """Readable when :meth:`step` may have something to do."""
@@ -333,19 +396,22 @@ class NetAcceptor:
         refused: list[BaseException] = []
         if self.closed:
             return done, refused
+        refused.extend(self._key_refusals())
         while _recv_ready(self.router):
             try:
-                msg = self.router.recv_multipart(zmq.NOBLOCK)
+                msg = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             if len(msg) != 2:
                 refused.append(HandshakeError(f"a hello of {len(msg)} frames"))
                 continue
+            rid = msg[0].bytes
             try:
-                self._hello(msg[0], msg[1])
+                user = msg[1].get("User-Id") if self._guard is not None else None
+                self._hello(rid, msg[1].bytes, user)
             except HandshakeError as exc:
                 refused.append(exc)
-                self.router.send_multipart((msg[0], _encoder.encode(Refuse(str(exc)))), zmq.NOBLOCK)
+                self.router.send_multipart((rid, _encoder.encode(Refuse(str(exc)))), zmq.NOBLOCK)
         now = time.monotonic()
         for p in list(self._pending):
             try:
@@ -359,7 +425,7 @@ class NetAcceptor:
                 done.append(t)
         return done, refused
 
-    def _hello(self, rid: bytes, data: bytes) -> None:
+    def _hello(self, rid: bytes, data: bytes, user: str | None) -> None:
         hello = _decode(data, "hello")
         if not isinstance(hello, Hello):
             raise HandshakeError(f"expected a hello, got {type(hello).__name__}")
@@ -379,11 +445,13 @@ class NetAcceptor:
         ctx = context()
         sock = ctx.socket(zmq.PAIR)
         configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
+        if self._guard is not None:
+            self._guard.secure(sock)
         mon = monitor_of(sock)
         host = self._bind_host if ":" not in self._bind_host else f"[{self._bind_host}]"
         port = sock.bind_to_random_port(f"tcp://{host}")
         token = secrets.token_bytes(16)
-        p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout)
+        p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout, user)
         self._pending.append(p)
         self._ep.register(int(sock.getsockopt(zmq.FD)), select.EPOLLIN)
         welcome = Welcome(PROTOCOL_VERSION, port, token, cap, _budget(self._slots), os.getpid())
@@ -404,6 +472,11 @@ class NetAcceptor:
         if first.bytes != b"" or rest != [b"H" + p.token + p.hello.session]:
             raise HandshakeError(
                 f"a bad attach on the port given to pid {p.hello.pid} on {p.hello.host!r}"
+            )
+        if p.user is not None and first.get("User-Id") != p.user:
+            raise PeerCredentialsError(
+                f"the attach on the port given to pid {p.hello.pid} on {p.hello.host!r} "
+                "came with another CURVE key than its hello"
             )
         sock.send_multipart((b"", b"K"), zmq.NOBLOCK)
         host = f"{p.hello.host} pid {p.hello.pid}"
@@ -432,7 +505,7 @@ class NetAcceptor:
             self.closed = True
             for p in list(self._pending):
                 self._drop(p)
-            self.router.close(0)
+            self._close_rendezvous()
             self._ep.close()
             for t in self.backlog:
                 t.close()

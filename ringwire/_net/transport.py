@@ -135,6 +135,9 @@ _GONE_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
     zmq.EVENT_HANDSHAKE_FAILED_AUTH,
 )
+# a bound socket's failed handshakes are other peers' (their value is an error code, not
+# the descriptor): one knocking on an open connection's port must not end that connection
+_HANDSHAKE_FAILED = _GONE_EVENTS[3:]
 
 
 class NetWriter:
@@ -516,7 +519,8 @@ class NetTransport:
             except Exception:  # pragma: no cover - libzmq speaks its own format
                 continue
             if ev["event"] in _GONE_EVENTS and (
-                self._peer_fd is None or int(ev["value"]) == self._peer_fd
+                self._peer_fd is None
+                or (int(ev["value"]) == self._peer_fd and ev["event"] not in _HANDSHAKE_FAILED)
             ):
                 # the monitor's event may overtake the last messages of the pipe (libzmq
                 # throttles command processing): give the socket a moment to deliver
@@ -645,7 +649,7 @@ def reap(everything: bool = False) -> None:
                 except zmq.ZMQError:
                     gone = True
                     break
-                gone = ev["event"] in _GONE_EVENTS
+                gone = ev["event"] in _GONE_EVENTS and ev["event"] not in _HANDSHAKE_FAILED
             if gone:
                 close_monitored(sock, mon, LINGER_MS)
             else:
