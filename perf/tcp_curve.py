@@ -58,7 +58,7 @@ SIZE = 64 * MiB
 MODES = {
     #        warmup, rounds, rt per round, handoffs per round, connects per round
     "quick": dict(warmup=1, rounds=7, rt=100, handoffs=1, connects=3),
-    "full": dict(warmup=2, rounds=15, rt=200, handoffs=2, connects=8),
+    "full": dict(warmup=2, rounds=15, rt=200, handoffs=2, connects=3),
 }
 
 

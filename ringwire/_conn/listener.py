@@ -147,6 +147,7 @@ class _ListenerBase:
             handshake_timeout=self._handshake_timeout,
             insecure=self._insecure,
             keys=self._keys,
+            backlog=self._backlog,
         )
         self.path = self._acceptor.address.url
 
@@ -353,7 +354,7 @@ class Listener(_ListenerBase):
         await self._adopt(transport)
 
     def _refused_one(self, exc: BaseException) -> None:
-        self._refused += 1
+        self._refused += getattr(exc, "count", 1)  # (one standing for a flood of them)
         self._log_refusal(exc)
 
     def _adopt_soon(self, transport: Any) -> None:
@@ -677,7 +678,7 @@ class SyncListener(_ListenerBase):
             return SyncChannel(self._endpoint(transport))
 
     def _refused_one(self, exc: BaseException) -> None:
-        self.refused += 1
+        self.refused += getattr(exc, "count", 1)
         self._log_refusal(exc)
 
     def close(self) -> None:

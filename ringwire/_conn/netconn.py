@@ -136,6 +136,7 @@ def open_acceptor(
     handshake_timeout: float,
     insecure: bool,
     keys: Any = None,
+    backlog: int = 128,
 ) -> Any:
     """Bind the rendezvous at ``url``, with CURVE when ``keys`` (a
     :class:`~ringwire.ServerKeys`) are given.  A non-loopback address needs keys or
@@ -149,6 +150,7 @@ def open_acceptor(
         handshake_timeout=handshake_timeout,
         capacity_default=1 << 20,
         keys=keys,
+        backlog=backlog,
     )
 
 

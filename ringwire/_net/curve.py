@@ -55,7 +55,7 @@ from .._errors import HandshakeError, PeerCredentialsError
 from .keys import PUBLIC_SUFFIX, SECRET_SUFFIX, ClientKeys, ServerKeys
 from .transport import context
 
-__all__ = ["FAILED_EVENTS", "Guard", "client_refusal", "secure_client", "server_refusal"]
+__all__ = ["FAILED_EVENTS", "Guard", "client_refusal", "flood", "secure_client", "server_refusal"]
 
 FAILED_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -138,6 +138,13 @@ def server_refusal(event: int, value: int, url: str, keys: ServerKeys) -> Handsh
     )
 
 
+def flood(n: int, what: str) -> PeerCredentialsError:
+    """One refusal standing for ``n`` (its ``count``) that are not logged one by one."""
+    exc = PeerCredentialsError(f"{n} more {what} (a flood: not logged one by one)")
+    exc.count = n  # type: ignore[attr-defined]
+    return exc
+
+
 # -- the authenticator -------------------------------------------------------------------------
 
 
@@ -157,6 +164,7 @@ _auth: _Authenticator | None = None
 _auth_pid = 0
 _guards: dict[str, Guard] = {}
 _ids = itertools.count(1)
+_QUEUED = 100  # refusals a guard keeps until the listener takes them (then: counted)
 
 
 def _stop_authenticator() -> None:
@@ -181,7 +189,8 @@ class Guard:
         self.keys = keys
         self.url = url
         self.domain = f"ringwire.{os.getpid()}.{next(_ids)}"
-        self._queue: deque[BaseException] = deque()
+        self._queue: deque[BaseException] = deque(maxlen=_QUEUED)
+        self._dropped = 0  # refusals that fell off the full queue (a flood)
         self._r, self._w = socket.socketpair()
         self._r.setblocking(False)
         self._w.setblocking(False)
@@ -222,6 +231,8 @@ class Guard:
             )
         except Exception as exc:  # the directory went away or went bad: admit nobody
             why = f"the client at {peer} was refused: its key cannot be checked: {exc}"
+        if len(self._queue) == _QUEUED:
+            self._dropped += 1
         self._queue.append(PeerCredentialsError(why))
         with contextlib.suppress(OSError):
             self._w.send(b"r")
@@ -234,9 +245,12 @@ class Guard:
         with contextlib.suppress(OSError):
             while self._r.recv(4096):
                 pass
-        out = []
+        out: list[BaseException] = []
         while self._queue:
             out.append(self._queue.popleft())
+        dropped, self._dropped = self._dropped, 0
+        if dropped:
+            out.append(flood(dropped, "key refusals"))
         return out
 
     def close(self) -> None:

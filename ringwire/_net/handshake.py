@@ -37,7 +37,7 @@ from zmq.utils.monitor import parse_monitor_message
 from .._errors import HandshakeError, PeerCredentialsError
 from .._shm.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
-from .curve import FAILED_EVENTS, Guard, client_refusal, secure_client, server_refusal
+from .curve import FAILED_EVENTS, Guard, client_refusal, flood, secure_client, server_refusal
 from .keys import ClientKeys, ServerKeys
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
 from .transport import NetTransport, close_monitored, configure, context, monitor_of
@@ -54,6 +54,7 @@ __all__ = [
 ]
 
 _MAX_BUDGET = 1 << 40  # the largest send budget a peer may announce (for MAXMSGSIZE)
+_LOGGED = 20  # failed handshakes one step reports one by one (the rest: counted)
 
 
 class Address(NamedTuple):
@@ -214,9 +215,7 @@ def client_handshake(
     dealer.setsockopt(zmq.LINGER, 0)
     if keys is not None:
         secure_client(dealer, keys)
-    dmon = dealer.get_monitor_socket(
-        zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED | FAILED_EVENTS
-    )
+    dmon = monitor_of(dealer, zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED | FAILED_EVENTS)
     pair: zmq.Socket[Any] | None = None
     pmon: zmq.Socket[Any] | None = None
     done = False
@@ -311,7 +310,8 @@ class NetAcceptor:
     of connections that finished their handshake, and the refusals (as exceptions);
     :meth:`waitables` says which sockets to wait on, and until when.  With ``keys``
     every socket runs CURVE, a :class:`~.curve.Guard` admits the listed clients only,
-    and the refusals come out of :meth:`step` with the others."""
+    and the refusals come out of :meth:`step` with the others.  ``backlog`` is the
+    rendezvous's TCP listen backlog."""
 
     def __init__(
         self,
@@ -323,6 +323,7 @@ class NetAcceptor:
         handshake_timeout: float,
         capacity_default: int,
         keys: ServerKeys | None = None,
+        backlog: int = 128,
     ) -> None:
         self.url = url
         addr = parse_address(url, bind=True)
@@ -337,10 +338,11 @@ class NetAcceptor:
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self.router.setsockopt(zmq.BACKLOG, backlog)  # (a full queue drops SYNs: 1 s stalls)
         self._rmon: zmq.Socket[Any] | None = None
         if self._guard is not None:
             self._guard.secure(self.router)
-            self._rmon = self.router.get_monitor_socket(FAILED_EVENTS)
+            self._rmon = monitor_of(self.router, FAILED_EVENTS)
         try:
             if addr.port == 0:
                 port = self.router.bind_to_random_port(
@@ -377,10 +379,15 @@ class NetAcceptor:
         if guard is None or rmon is None:
             return []
         out = guard.refusals()
+        more = 0
         for event, value in _events(rmon):
             exc = server_refusal(event, value, self.url, guard.keys)
-            if exc is not None:
+            if exc is not None and len(out) < _LOGGED:
                 out.append(exc)
+            elif exc is not None:
+                more += 1
+        if more:
+            out.append(flood(more, "failed CURVE handshakes"))
         return out
 
     def fileno(self) -> int:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import select
 import socket
@@ -601,9 +602,21 @@ MONITOR_EVENTS = (
 )
 
 
-def monitor_of(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
-    """The monitor socket of ``sock`` (the events liveness needs)."""
-    return sock.get_monitor_socket(MONITOR_EVENTS)
+_monitor_ids = itertools.count()
+
+
+def monitor_of(sock: zmq.Socket[Any], events: int = MONITOR_EVENTS) -> zmq.Socket[Any]:
+    """The monitor socket of ``sock`` (by default the events liveness needs).  Its pipe
+    has no high-water mark: libzmq's I/O thread sends monitor events blocking, so a
+    full pipe -- a flood of failed handshakes on a port nobody reads the monitor of --
+    would stop every socket of the context; unread events cost memory instead."""
+    addr = f"inproc://ringwire.monitor.{os.getpid()}.{next(_monitor_ids)}"
+    sock.monitor(addr, events)
+    mon = sock.context.socket(zmq.PAIR)
+    mon.setsockopt(zmq.RCVHWM, 0)
+    mon.setsockopt(zmq.LINGER, 0)
+    mon.connect(addr)
+    return mon
 
 
 def close_monitored(sock: zmq.Socket[Any], mon: zmq.Socket[Any], linger: int) -> None:

@@ -4,10 +4,12 @@ listener keeps serving, key files are checked, keygen writes what it should."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
 import shutil
+import socket
 import stat
 import threading
 import time
@@ -394,3 +396,65 @@ def test_the_keygen_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert (tmp_path / f"{default_name()}.key_secret").exists()  # the host's name
     assert cli_main(["keygen", str(tmp_path), "--name", "../up"], out=io.StringIO()) == 1
     assert "bad key name" in capsys.readouterr().err
+
+
+# -- floods ------------------------------------------------------------------------------------
+
+GREETING = b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"GARBAGE".ljust(20, b"\x00") + bytes(32)
+
+
+def _knock(port: int, n: int, threads: int = 1) -> None:
+    """``n`` connections to ``port`` that each fail the ZeroMQ handshake (a bogus
+    security mechanism), as fast as they go (from ``threads`` threads: a listen queue
+    that overflows costs a SYN retransmit, a second); a connect that stalls fails."""
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            for _ in range(k):
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                with contextlib.suppress(OSError):
+                    s.sendall(GREETING)
+                s.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    ts = [threading.Thread(target=run, args=(n // threads,)) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+
+
+def test_a_flood_of_failed_handshakes_stops_nothing(
+    keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    # libzmq's I/O thread sends monitor events blocking: a monitor pipe nobody reads,
+    # filled by failed handshakes, would stop every socket of the process (its default
+    # high-water mark is about 2000 events)
+    caplog.set_level(logging.WARNING, logger="ringwire")
+    with ringwire.SyncListener("tcp://127.0.0.1:0", keys=keys.server, backlog=4096) as sl:
+        port = int(sl.path.rsplit(":", 1)[1])
+        out: list[ringwire.SyncChannel] = []
+        t = threading.Thread(
+            target=lambda: out.append(ringwire.connect_sync(sl.path, keys=keys.client))
+        )
+        t.start()
+        server_end = sl.accept(timeout=10)
+        t.join(10)
+        client = out[0]
+        # the rendezvous (its monitor read only inside accept) ...
+        _knock(port, 3000)
+        # ... and the open connection's own port (its monitor read only when it is used)
+        conn_port = int(
+            client._core.transport._sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
+        )
+        _knock(conn_port, 1200, threads=8)  # (two events each: a failure, a hang-up)
+        with client, server_end:
+            client.send("still here", timeout=5)
+            assert server_end.receive(timeout=5) == "still here"
+        with pytest.raises(TimeoutError):
+            sl.accept(timeout=0.5)  # takes the refusals: logged in a bounded number of lines
+        assert sl.refused >= 2900  # (a knock cut short can count as no handshake at all)
+        assert len(_refusals(caplog)) <= 25 and "a flood" in _refusals(caplog)[-1]
