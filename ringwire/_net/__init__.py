@@ -3,7 +3,9 @@
 A layer beside :mod:`ringwire._shm`: :mod:`.transport` implements the transport seam
 (:mod:`ringwire._conn.transport`) on one ZeroMQ ``PAIR`` socket per connection,
 :mod:`.pools` carries arrays beside the record as frames of their own (Ext 20), and
-:mod:`.handshake` connects and accepts.  ``ringwire.connect("tcp://host:port")`` and
+:mod:`.handshake` connects and accepts; :mod:`.keys` reads CURVE key files (and is
+``python -m ringwire keygen``) and :mod:`.curve` puts them on the sockets and reports
+refusals.  ``ringwire.connect("tcp://host:port")`` and
 ``ringwire.listen("tcp://0.0.0.0:port")`` route here (:mod:`ringwire._conn.connect`).
 pyzmq is an optional extra (``ringwire[net]``), imported only when a ``tcp://``
 address is used.

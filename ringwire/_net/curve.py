@@ -153,10 +153,11 @@ class _Authenticator(ThreadAuthenticator):
 
     peer = ""
 
-    async def handle_zap_message(self, msg: list[bytes]) -> None:
-        # ZAP request frames: version, request id, domain, address, identity, mechanism
+    def handle_zap_message(self, msg: list[bytes]) -> Any:
+        # ZAP request frames: version, request id, domain, address, identity, mechanism;
+        # (a coroutine in pyzmq >= 25, which the thread awaits: returned as it is)
         self.peer = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
-        await super().handle_zap_message(msg)
+        return super().handle_zap_message(msg)
 
 
 _lock = threading.Lock()

@@ -289,6 +289,18 @@ def client_handshake(
 # -- the listener ----------------------------------------------------------------------
 
 
+def _curve_user(frame: zmq.Frame) -> str:
+    """The CURVE key (z85) a message of a keyed socket came with: the User-Id the
+    authenticator gave it.  :class:`HandshakeError` if it has none."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:
+        user = ""
+    if not user:
+        raise HandshakeError("a message without a CURVE identity on a keyed listener")
+    return str(user)
+
+
 class _Pending:
     __slots__ = ("sock", "mon", "token", "hello", "deadline", "user")
 
@@ -414,7 +426,7 @@ class NetAcceptor:
                 continue
             rid = msg[0].bytes
             try:
-                user = msg[1].get("User-Id") if self._guard is not None else None
+                user = _curve_user(msg[1]) if self._guard is not None else None
                 self._hello(rid, msg[1].bytes, user)
             except HandshakeError as exc:
                 refused.append(exc)
@@ -480,7 +492,7 @@ class NetAcceptor:
             raise HandshakeError(
                 f"a bad attach on the port given to pid {p.hello.pid} on {p.hello.host!r}"
             )
-        if p.user is not None and first.get("User-Id") != p.user:
+        if p.user is not None and _curve_user(first) != p.user:
             raise PeerCredentialsError(
                 f"the attach on the port given to pid {p.hello.pid} on {p.hello.host!r} "
                 "came with another CURVE key than its hello"

@@ -178,11 +178,7 @@ class ServerKeys:
         directory admits nobody: the caller refuses every client)."""
         d = self.clients
         try:
-            entries = sorted(
-                (e.name, e.stat().st_mtime_ns, e.stat().st_size, e.stat().st_ino)
-                for e in os.scandir(d)
-                if e.name.endswith(PUBLIC_SUFFIX)
-            )
+            names = sorted(e.name for e in os.scandir(d) if e.name.endswith(PUBLIC_SUFFIX))
         except FileNotFoundError:
             raise FileNotFoundError(
                 errno.ENOENT,
@@ -195,6 +191,15 @@ class ServerKeys:
                 f"clients={d} is not a directory: give a directory of the clients' public "
                 f"NAME{PUBLIC_SUFFIX} files",
             ) from None
+        entries = []
+        for name in names:
+            try:
+                st = os.stat(d / name)
+            except OSError as exc:
+                raise type(exc)(
+                    exc.errno, f"the client key file {d / name} cannot be read: {exc.strerror}"
+                ) from None
+            entries.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
         with self._lock:
             if entries == self._stamp:
                 return self._keys

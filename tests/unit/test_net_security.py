@@ -336,6 +336,12 @@ def test_bad_clients_directories_name_themselves(keys: Keys, tmp_path: Path) -> 
     shutil.copy(keys.client_sec, leaked / "client.key")  # a secret where a public one goes
     with pytest.raises(ValueError, match="client.key holds a secret key"):
         ringwire.ServerKeys(secret=sec, clients=leaked)
+    ghost = tmp_path / "ghost"
+    ghost.mkdir()
+    shutil.copy(keys.client_pub, ghost)
+    (ghost / "gone.key").symlink_to(tmp_path / "missing")  # a dangling link
+    with pytest.raises(FileNotFoundError, match="gone.key cannot be read"):
+        ringwire.ServerKeys(secret=sec, clients=ghost)
 
 
 def test_a_secret_file_others_can_read_is_warned_about(
