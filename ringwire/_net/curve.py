@@ -15,15 +15,22 @@ The authenticator
 -----------------
 libzmq asks a ZAP handler (a socket bound at ``inproc://zeromq.zap.01`` of the
 socket's context) whether a client's key may connect, and waits for the answer.  This
-process's one context (:func:`~.transport.context`) gets one handler: pyzmq's
-:class:`zmq.auth.thread.ThreadAuthenticator`, shared by every keyed listener of the
-process, each under a ZAP domain of its own (:class:`Guard`).  It is started with the
-first keyed listener and stopped -- its thread joined, its sockets closed -- when the
-last one closes, so nothing outlives the listeners.  A thread, not
-:class:`zmq.auth.asyncio.AsyncioAuthenticator`: the answer must come whatever API the
-listener is driven by (a :class:`~ringwire.SyncListener` in a thread has no event
-loop; trio and uvloop are not asyncio's loop) and however busy the caller's loop is
--- a handshake waits for it, and a client's ``connect`` with it.
+process's one context (:func:`~.transport.context`) gets one handler, shared by every
+keyed listener of the process, each under a ZAP domain of its own (:class:`Guard`):
+pyzmq's :class:`zmq.auth.Authenticator` (the ZAP protocol and the key check, through
+its credentials callback) answering from a thread of ours, ``ringwire-zap``.  It is
+started with the first keyed listener and stopped -- the thread joined, its sockets
+closed -- when the last one closes, so nothing outlives the listeners.
+
+A thread, not :class:`zmq.auth.asyncio.AsyncioAuthenticator`: the answer must come
+whatever API the listener is driven by (a :class:`~ringwire.SyncListener` in a thread
+has no event loop; trio is not asyncio) and however busy the caller's loop is -- a
+handshake waits for it, and a client's ``connect`` with it.  Not pyzmq's
+:class:`~zmq.auth.thread.ThreadAuthenticator` either: its thread runs an event loop
+made by the global asyncio policy, and under ``uvloop.install()`` that loop never
+answered (every keyed connect hung; measured).  Ours waits with a plain
+:class:`zmq.Poller` and runs pyzmq's answer (a coroutine since pyzmq 25, which never
+waits here) to completion on a private selector loop.
 
 Refusals are reported
 ---------------------
@@ -39,9 +46,12 @@ monitor does not say which peer a failed handshake came from.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
+import inspect
 import itertools
+import logging
 import os
 import socket
 import threading
@@ -49,7 +59,7 @@ from collections import deque
 from typing import Any
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
+from zmq.auth.base import Authenticator
 
 from .._errors import HandshakeError, PeerCredentialsError
 from .keys import PUBLIC_SUFFIX, SECRET_SUFFIX, ClientKeys, ServerKeys
@@ -148,16 +158,61 @@ def flood(n: int, what: str) -> PeerCredentialsError:
 # -- the authenticator -------------------------------------------------------------------------
 
 
-class _Authenticator(ThreadAuthenticator):
-    """pyzmq's thread authenticator, noting each request's address for the refusal."""
+logger = logging.getLogger("ringwire")
+THREAD_NAME = "ringwire-zap"
+
+
+class _Authenticator(Authenticator):
+    """pyzmq's ZAP authenticator, answering from the ``ringwire-zap`` thread; it notes
+    each request's address (:attr:`peer`) for the refusal it may become."""
 
     peer = ""
 
-    def handle_zap_message(self, msg: list[bytes]) -> Any:
-        # ZAP request frames: version, request id, domain, address, identity, mechanism;
-        # (a coroutine in pyzmq >= 25, which the thread awaits: returned as it is)
-        self.peer = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
-        return super().handle_zap_message(msg)
+    def __init__(self, ctx: zmq.Context[Any]) -> None:
+        super().__init__(ctx)
+        self._stop_r, self._stop_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
+
+    def start(self) -> None:
+        super().start()  # binds the ZAP socket
+        self._thread.start()
+
+    def _serve(self) -> None:
+        loop = asyncio.SelectorEventLoop()  # only runs pyzmq's answer to completion
+        poller = zmq.Poller()
+        poller.register(self.zap_socket, zmq.POLLIN)
+        poller.register(self._stop_r, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll())
+                if self._stop_r.fileno() in ready:  # (a plain socket comes back as its fd)
+                    return
+                try:
+                    msg = self.zap_socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                # ZAP request: version, request id, domain, address, identity, mechanism...
+                self.peer = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
+                try:
+                    answer = self.handle_zap_message(msg)
+                    if inspect.isawaitable(answer):
+                        loop.run_until_complete(answer)
+                except Exception:  # never leave libzmq waiting: deny (ZAP, RFC 27)
+                    logger.exception("ringwire: the CURVE authenticator failed; client denied")
+                    with contextlib.suppress(zmq.ZMQError):
+                        rid = msg[1] if len(msg) > 1 else b""
+                        self.zap_socket.send_multipart([b"1.0", rid, b"500", b"error", b"", b""])
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        """Stop and join the thread, then close the ZAP socket."""
+        if self._thread.is_alive():
+            self._stop_w.send(b"x")
+            self._thread.join()
+        super().stop()
+        self._stop_r.close()
+        self._stop_w.close()
 
 
 _lock = threading.Lock()

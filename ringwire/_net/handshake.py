@@ -347,15 +347,20 @@ class NetAcceptor:
         self._capacity_default = capacity_default
         ctx = context()
         self._guard = Guard(keys, url) if keys is not None else None
-        self.router = ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
-        self.router.setsockopt(zmq.BACKLOG, backlog)  # (a full queue drops SYNs: 1 s stalls)
         self._rmon: zmq.Socket[Any] | None = None
-        if self._guard is not None:
-            self._guard.secure(self.router)
-            self._rmon = monitor_of(self.router, FAILED_EVENTS)
         try:
+            self.router = ctx.socket(zmq.ROUTER)
+        except BaseException:
+            if self._guard is not None:
+                self._guard.close()
+            raise
+        try:
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
+            self.router.setsockopt(zmq.BACKLOG, backlog)  # (a full queue drops SYNs: 1 s stalls)
+            if self._guard is not None:
+                self._guard.secure(self.router)
+                self._rmon = monitor_of(self.router, FAILED_EVENTS)
             if addr.port == 0:
                 port = self.router.bind_to_random_port(
                     f"tcp://{addr.host if ':' not in addr.host else '[' + addr.host + ']'}"
@@ -366,6 +371,9 @@ class NetAcceptor:
         except zmq.ZMQError as exc:
             self._close_rendezvous()
             raise OSError(exc.errno, f"cannot listen at {url}: {exc.strerror}") from exc
+        except BaseException:
+            self._close_rendezvous()
+            raise
         self.address = Address(addr.host, port)
         self._pending: list[_Pending] = []
         self.backlog: list[NetTransport] = []  # accepted, not yet handed out (sync)

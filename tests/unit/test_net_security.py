@@ -60,7 +60,7 @@ def keys(tmp_path: Path) -> Keys:
 
 
 def _auth_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if type(t).__name__ == "AuthenticationThread"]
+    return [t for t in threading.enumerate() if t.name == "ringwire-zap"]
 
 
 def _refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -464,3 +464,44 @@ def test_a_flood_of_failed_handshakes_stops_nothing(
             sl.accept(timeout=0.5)  # takes the refusals: logged in a bounded number of lines
         assert sl.refused >= 2900  # (a knock cut short can count as no handshake at all)
         assert len(_refusals(caplog)) <= 25 and "a flood" in _refusals(caplog)[-1]
+
+
+def test_a_keyed_listener_that_cannot_bind_leaves_no_thread(keys: Keys) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        with pytest.raises(OSError, match="cannot listen at tcp://127.0.0.1"):
+            ringwire.SyncListener(f"tcp://127.0.0.1:{busy.getsockname()[1]}", keys=keys.server)
+    finally:
+        busy.close()
+    assert not _auth_threads()
+
+
+def test_the_authenticator_answers_under_a_uvloop_policy(keys: Keys) -> None:
+    # pyzmq's ThreadAuthenticator ran its thread on a loop of the global policy: under
+    # uvloop.install() it never answered, and every keyed connect hung
+    uvloop = pytest.importorskip("uvloop")
+    import asyncio
+
+    old = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        with ringwire.SyncListener("tcp://127.0.0.1:0", keys=keys.server) as sl:
+            with pytest.raises(ringwire.PeerCredentialsError, match="refused this client's"):
+                ringwire.connect_sync(sl.path, keys=keys.unlisted, timeout=5)
+            out: list[ringwire.SyncChannel] = []
+            t = threading.Thread(
+                target=lambda: out.append(
+                    ringwire.connect_sync(sl.path, keys=keys.client, timeout=5)
+                )
+            )
+            t.start()
+            with sl.accept(timeout=10) as server_end:
+                t.join(10)
+                with out[0] as client:
+                    client.send("under uvloop", timeout=5)
+                    assert server_end.receive(timeout=5) == "under uvloop"
+    finally:
+        asyncio.set_event_loop_policy(old)
+    assert not _auth_threads()
