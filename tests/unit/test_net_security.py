@@ -114,6 +114,16 @@ async def test_the_right_key_connects_and_exchanges_records_and_an_array(keys: K
     assert not _auth_threads()  # stopped and joined with the last keyed listener
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_keys_under_trio(keys: Keys) -> None:
+    async with ringwire.listen("tcp://127.0.0.1:0", keys=keys.server) as lst:
+        await _refused_within_bound(lst.path, keys.unlisted, "refused this client's CURVE key")
+        async with await ringwire.connect(lst.path, keys=keys.client) as c:
+            await _exchange(c, lst)
+        assert lst.statistics().refused == 1
+    assert not _auth_threads()
+
+
 async def test_an_unlisted_key_is_refused_at_once_logged_and_others_still_served(
     keys: Keys, caplog: pytest.LogCaptureFixture
 ) -> None:
