@@ -53,6 +53,7 @@ PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
 _KEYGEN = "python -m ringwire keygen DIR --name NAME"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_MAX_FILE = 64 << 10  # a certificate is a few hundred bytes
 
 
 def _zmq_auth() -> Any:
@@ -78,6 +79,12 @@ def _read(path: Path, role: str) -> tuple[bytes, bytes | None]:
     if path.is_dir():
         raise IsADirectoryError(
             errno.EISDIR, f"{role} key file {path} is a directory: give a file in it"
+        )
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE:
+        raise ValueError(
+            f"{role} key file {path} is not a ZeroMQ CURVE certificate (not a regular file "
+            f"of at most {_MAX_FILE} bytes); make one with: {_KEYGEN}"
         )
     try:
         public, secret = auth.load_certificate(path)

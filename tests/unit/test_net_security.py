@@ -328,6 +328,12 @@ def test_bad_key_paths_name_themselves_and_say_what_to_do(keys: Keys, tmp_path: 
         ringwire.ClientKeys(secret=swapped, server=keys.server_pub)
     with pytest.raises(TypeError, match="path"):
         ringwire.ClientKeys(secret=None, server=keys.server_pub)  # type: ignore[arg-type]
+    fifo = tmp_path / "fifo.key_secret"  # would block a reader forever
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="fifo.key_secret is not .*a regular file"):
+        ringwire.ClientKeys(secret=fifo, server=keys.server_pub)
+    with pytest.raises(ValueError, match="not a regular file"):
+        ringwire.ClientKeys(secret=keys.client_sec, server="/dev/zero")
 
 
 def test_bad_clients_directories_name_themselves(keys: Keys, tmp_path: Path) -> None:
