@@ -188,6 +188,16 @@ def _recv_ready(sock: zmq.Socket[Any]) -> bool:
     return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
+def _send_now(sock: zmq.Socket[Any], parts: list[bytes]) -> None:
+    """Send without waiting.  A handshake that failed already (a refused key can be
+    quicker than this thread between ``connect`` and here) took the socket's only
+    pipe with it, and a blocking send would wait forever; the monitor says why."""
+    try:
+        sock.send_multipart(parts, zmq.NOBLOCK)
+    except zmq.Again:
+        pass
+
+
 def _events(mon: zmq.Socket[Any]) -> Generator[tuple[int, int], None, None]:
     """The events waiting on the monitor socket ``mon``, as ``(event, value)``."""
     while _recv_ready(mon):
@@ -225,7 +235,7 @@ def client_handshake(
         hello = Hello(
             PROTOCOL_VERSION, session, capacity, _budget(slots), os.getpid(), socket.gethostname()
         )
-        dealer.send(_encoder.encode(hello))
+        _send_now(dealer, [_encoder.encode(hello)])
         connected = False
         while not _recv_ready(dealer):
             for event, value in _events(dmon):
@@ -255,7 +265,7 @@ def client_handshake(
             secure_client(pair, keys)
         pmon = monitor_of(pair)
         pair.connect(Address(addr.host, reply.port).url)
-        pair.send_multipart((b"", b"H" + reply.token + session))
+        _send_now(pair, [b"", b"H" + reply.token + session])
         while not _recv_ready(pair):
             for event, value in _events(pmon):  # (before the K: nothing the transport needs)
                 if event & FAILED_EVENTS:

@@ -139,6 +139,30 @@ async def test_an_unlisted_key_is_refused_at_once_logged_and_others_still_served
             await _exchange(c, lst)
 
 
+async def test_a_refusal_quicker_than_the_hello_is_still_reported(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the handshake can fail between the client's connect and its hello (a loaded
+    # machine): the socket's pipe is gone then, and a blocking send waited forever
+    from ringwire._net import handshake
+
+    real = handshake._encoder
+
+    class Slow:
+        def encode(self, obj: Any) -> bytes:
+            time.sleep(0.3)  # the refusal arrives meanwhile
+            return real.encode(obj)
+
+    monkeypatch.setattr(handshake, "_encoder", Slow())
+    async with ringwire.listen("tcp://127.0.0.1:0", keys=keys.server) as lst:
+        for k, match in ((keys.unlisted, "refused this client's"), (None, "requires CURVE")):
+            t0 = time.monotonic()
+            with pytest.raises(ringwire.PeerCredentialsError, match=match):
+                with anyio.fail_after(10):
+                    await ringwire.connect(lst.path, keys=k, timeout=5)
+            assert time.monotonic() - t0 < 0.3 + REFUSAL_BOUND
+
+
 async def test_no_key_is_refused_and_logged(keys: Keys, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="ringwire")
     async with ringwire.listen("tcp://127.0.0.1:0", keys=keys.server) as lst:
