@@ -70,6 +70,7 @@ from ._errors import (
     SlotMisuse,
     SlotsExhausted,
 )
+from ._net.keys import ClientKeys, ServerKeys
 from ._shm.segment import sweep as sweep_segments
 from ._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
 from ._shm.views import borrow, copy_out, release
@@ -95,6 +96,7 @@ __all__ = [
     "Channel",
     "ChannelStatistics",
     "Client",
+    "ClientKeys",
     "ClosedResourceError",
     "CudaRef",
     "DeadlineExceeded",
@@ -121,6 +123,7 @@ __all__ = [
     "SGLangState",
     "RingwireError",
     "SegmentError",
+    "ServerKeys",
     "SharedMemoryFull",
     "SlotClass",
     "SlotConfig",

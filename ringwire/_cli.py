@@ -4,6 +4,7 @@
 
     python -m ringwire inspect [--json] [--pid PID] [--plain]
     python -m ringwire cleanup [--dry-run] [--json]
+    python -m ringwire keygen DIR [--name NAME] [--force]   (CURVE keys: ringwire._net.keys)
 
 Where the information comes from
 --------------------------------
@@ -57,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ._net import sockdiag
+from ._net.keys import add_command as add_keygen_command
 from ._shm.segment import SHM_DIR, pid_alive, stale_segments, sweep
 from ._wire import netstatus
 from ._wire.names import is_segment_name, name_pid
@@ -766,6 +768,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="list what would be removed")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=_cleanup)
+    add_keygen_command(sub)
     return parser
 
 

@@ -19,7 +19,7 @@ them; they are re-exported from :mod:`ringwire` for convenience.
     ├── DecodeError (msgspec.DecodeError, ValueError)
     ├── ProtocolError               garbage on the control socket, a bad frame
     │   └── HandshakeError          bad message, version, layout, or a refusal
-    │       └── PeerCredentialsError (PermissionError)  another uid
+    │       └── PeerCredentialsError (PermissionError)  another uid; a CURVE key refused
     ├── RingCorrupted               an inconsistent ring header or frame
     ├── SegmentError                a segment cannot be created or attached
     │   └── SharedMemoryFull        no room in /dev/shm
@@ -98,7 +98,10 @@ class HandshakeError(ProtocolError):
 
 
 class PeerCredentialsError(HandshakeError, PermissionError):
-    """The peer runs as another user: ringwire connects only processes of one uid."""
+    """The peer's credentials are refused: on one host it runs as another user
+    (ringwire connects only processes of one uid); over ``tcp://`` the CURVE handshake
+    failed (a client key the listener does not list, keys on one side only, a wrong
+    server key)."""
 
 
 class RingCorrupted(RingwireError):

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 
+from .._net.keys import ClientKeys
 from .._shm.handshake import client_handshake, drive_async, drive_sync
 from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
 from .._shm.sockets import check_peer, hung_up
@@ -68,6 +69,14 @@ def _no_listener(path: str | os.PathLike[str], exc: OSError) -> OSError:
     return type(exc)(exc.errno, what)
 
 
+def _no_keys_here(path: str | os.PathLike[str], keys: Any) -> None:
+    if keys is not None:
+        raise ValueError(
+            f"keys= is for tcp:// addresses; {os.fspath(path)!r} is a Unix socket, whose "
+            "listener admits processes of its own uid only"
+        )
+
+
 async def connect(
     path: str | os.PathLike[str],
     *,
@@ -77,6 +86,7 @@ async def connect(
     timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     slots: SlotConfig | None = DEFAULT_SLOTS,
     heartbeat: float = DEFAULT_HEARTBEAT,
+    keys: ClientKeys | None = None,
 ) -> Channel:
     """Connect to the :class:`Listener` at ``path``; return the async endpoint.
 
@@ -85,7 +95,9 @@ async def connect(
     arrays beside the record as zero-copy frames).  ``heartbeat`` (TCP only) is how
     many seconds a silent peer is given before the connection counts as broken; a
     bad ``tcp://`` address is a ``ValueError`` naming it, an unknown host an
-    ``OSError``.
+    ``OSError``.  ``keys`` (TCP only): a :class:`~ringwire.ClientKeys` for a listener
+    that requires CURVE keys; a refusal -- this client's key not listed, keys missing
+    on either side, a wrong server key -- raises :class:`PeerCredentialsError` at once.
 
     ``capacity`` is the data capacity of each ring lane (a power of two).  ``slots``
     configures this side's tensor-slot send pool (``None``: no pool, every array
@@ -100,10 +112,11 @@ async def connect(
     if isinstance(path, str) and path.startswith("tcp://"):
         check_heartbeat(heartbeat)
         _, gen = connect_transport(
-            path, capacity=capacity, slots=slots, heartbeat=heartbeat, timeout=timeout
+            path, capacity=capacity, slots=slots, heartbeat=heartbeat, timeout=timeout, keys=keys
         )
         transport = await net_drive_async(gen)
         return Channel(Endpoint(transport, type=type, spin_us=spin_us, name=path))
+    _no_keys_here(path, keys)
     sock = _client_socket(path)
     try:
         with anyio.fail_after(timeout):
@@ -134,6 +147,7 @@ def connect_sync(
     timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     slots: SlotConfig | None = DEFAULT_SLOTS,
     heartbeat: float = DEFAULT_HEARTBEAT,
+    keys: ClientKeys | None = None,
 ) -> SyncChannel:
     """Blocking :func:`connect`: returns a :class:`SyncChannel` (``tcp://`` too)."""
     validate_capacity(capacity)
@@ -142,10 +156,11 @@ def connect_sync(
     if isinstance(path, str) and path.startswith("tcp://"):
         check_heartbeat(heartbeat)
         _, gen = connect_transport(
-            path, capacity=capacity, slots=slots, heartbeat=heartbeat, timeout=timeout
+            path, capacity=capacity, slots=slots, heartbeat=heartbeat, timeout=timeout, keys=keys
         )
         transport = net_drive_sync(gen)
         return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=path))
+    _no_keys_here(path, keys)
     deadline = time.monotonic() + timeout
     sock = _client_socket(path)
     try:

@@ -26,6 +26,7 @@ import anyio.lowlevel
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
 from .._errors import DecodeError, RingwireError
+from .._net.keys import ServerKeys
 from .._shm.handshake import HandshakeGen, drive_async, drive_sync, poll_fd, server_handshake
 from .._shm.segment import pid_alive, sweep
 from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
@@ -103,6 +104,7 @@ class _ListenerBase:
         slots: SlotConfig | None = DEFAULT_SLOTS,
         heartbeat: float = DEFAULT_HEARTBEAT,
         insecure: bool = False,
+        keys: ServerKeys | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.tcp = self.path.startswith("tcp://")
@@ -111,9 +113,15 @@ class _ListenerBase:
             raise TypeError(f"insecure must be a bool, not {insecure!r}")
         self._heartbeat = heartbeat
         self._insecure = insecure
+        self._keys = keys
         self._acceptor: Any = None
         if self.tcp:
-            check_bind(self.path, insecure)
+            check_bind(self.path, insecure, keys)
+        elif keys is not None:
+            raise ValueError(
+                f"keys= is for tcp:// addresses; {self.path!r} is a Unix socket, which "
+                "admits processes of this uid only"
+            )
         if not isinstance(spin_us, (int, float)) or not spin_us >= 0:
             raise ValueError(f"spin_us must be a number >= 0, not {spin_us!r}")
         if not isinstance(handshake_timeout, (int, float)) or not handshake_timeout > 0:
@@ -138,6 +146,8 @@ class _ListenerBase:
             heartbeat=self._heartbeat,
             handshake_timeout=self._handshake_timeout,
             insecure=self._insecure,
+            keys=self._keys,
+            backlog=self._backlog,
         )
         self.path = self._acceptor.address.url
 
@@ -188,6 +198,7 @@ class Listener(_ListenerBase):
         slots: SlotConfig | None = DEFAULT_SLOTS,
         heartbeat: float = DEFAULT_HEARTBEAT,
         insecure: bool = False,
+        keys: ServerKeys | None = None,
     ) -> None:
         """``type`` decodes the records of every accepted connection; ``spin_us`` is
         their spin budget; ``max_capacity`` bounds the rings a client may announce;
@@ -195,7 +206,9 @@ class Listener(_ListenerBase):
         backlog; ``slots`` is this side's send pool on every accepted connection (see
         :func:`connect`).  ``path`` may be ``"tcp://host:port"`` (port 0: any free
         one; :attr:`path` then names the bound address): ``heartbeat`` is the TCP
-        connections' liveness bound, and a non-loopback host needs ``insecure=True``.
+        connections' liveness bound, and a non-loopback host needs ``keys`` (a
+        :class:`~ringwire.ServerKeys`: CURVE, only the listed clients admitted; each
+        refusal logged and counted in ``statistics().refused``) or ``insecure=True``.
         Raises ``ValueError`` / ``TypeError`` for bad values."""
         super().__init__(
             path,
@@ -207,6 +220,7 @@ class Listener(_ListenerBase):
             slots=slots,
             heartbeat=heartbeat,
             insecure=insecure,
+            keys=keys,
         )
         self._spin_ns = int(max(0.0, float(self._spin_us)) * 1000)
         self._sock: socket.socket | None = None
@@ -349,7 +363,7 @@ class Listener(_ListenerBase):
         await self._adopt(transport)
 
     def _refused_one(self, exc: BaseException) -> None:
-        self._refused += 1
+        self._refused += getattr(exc, "count", 1)  # (one standing for a flood of them)
         self._log_refusal(exc)
 
     def _adopt_soon(self, transport: Any) -> None:
@@ -579,6 +593,7 @@ def listen(
     slots: SlotConfig | None = DEFAULT_SLOTS,
     heartbeat: float = DEFAULT_HEARTBEAT,
     insecure: bool = False,
+    keys: ServerKeys | None = None,
 ) -> Listener:
     """A :class:`Listener` at ``path`` (a Unix socket path, or ``tcp://host:port``);
     use it as ``async with listen(path) as l:``.  The keywords are :class:`Listener`'s."""
@@ -592,6 +607,7 @@ def listen(
         slots=slots,
         heartbeat=heartbeat,
         insecure=insecure,
+        keys=keys,
     )
 
 
@@ -610,6 +626,7 @@ class SyncListener(_ListenerBase):
         slots: SlotConfig | None = DEFAULT_SLOTS,
         heartbeat: float = DEFAULT_HEARTBEAT,
         insecure: bool = False,
+        keys: ServerKeys | None = None,
     ) -> None:
         """The keywords are :class:`Listener`'s."""
         super().__init__(
@@ -622,6 +639,7 @@ class SyncListener(_ListenerBase):
             slots=slots,
             heartbeat=heartbeat,
             insecure=insecure,
+            keys=keys,
         )
         self.refused = 0
         self._sock: socket.socket | None = None
@@ -670,7 +688,7 @@ class SyncListener(_ListenerBase):
             return SyncChannel(self._endpoint(transport))
 
     def _refused_one(self, exc: BaseException) -> None:
-        self.refused += 1
+        self.refused += getattr(exc, "count", 1)
         self._log_refusal(exc)
 
     def close(self) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import anyio
 
+from .._net.keys import check_client, check_server
+
 __all__ = [
     "DEFAULT_HEARTBEAT",
     "accept_loop",
@@ -105,9 +107,12 @@ def connect_transport(
     slots: Any,
     heartbeat: float,
     timeout: float,
+    keys: Any = None,
 ) -> tuple[Any, Any]:
     """The handshake generator for a client of ``url``, after checking and resolving
-    the address (``ValueError`` / ``OSError`` naming it)."""
+    the address (``ValueError`` / ``OSError`` naming it); ``keys`` a
+    :class:`~ringwire.ClientKeys` or ``None`` (``TypeError`` otherwise)."""
+    check_client(keys)
     hs = load()
     addr = hs.resolve(hs.parse_address(url))
     gen = hs.client_handshake(
@@ -117,6 +122,7 @@ def connect_transport(
         slots=slots,
         heartbeat=heartbeat,
         deadline=time.monotonic() + timeout,
+        keys=keys,
     )
     return hs, gen
 
@@ -129,11 +135,13 @@ def open_acceptor(
     heartbeat: float,
     handshake_timeout: float,
     insecure: bool,
+    keys: Any = None,
+    backlog: int = 128,
 ) -> Any:
-    """Bind the rendezvous at ``url``.  A non-loopback address needs ``insecure=True``
-    (ringwire does not authenticate TCP peers yet).  Raises ``ValueError`` /
-    ``OSError`` naming the address."""
-    hs = check_bind(url, insecure)
+    """Bind the rendezvous at ``url``, with CURVE when ``keys`` (a
+    :class:`~ringwire.ServerKeys`) are given.  A non-loopback address needs keys or
+    ``insecure=True``.  Raises ``ValueError`` / ``OSError`` naming the address."""
+    hs = check_bind(url, insecure, keys)
     return hs.NetAcceptor(
         url,
         max_capacity=max_capacity,
@@ -141,19 +149,29 @@ def open_acceptor(
         heartbeat=heartbeat,
         handshake_timeout=handshake_timeout,
         capacity_default=1 << 20,
+        keys=keys,
+        backlog=backlog,
     )
 
 
-def check_bind(url: str, insecure: bool) -> Any:
-    """Refuse a bad or (without ``insecure``) non-loopback ``url`` before anything is
+def check_bind(url: str, insecure: bool, keys: Any = None) -> Any:
+    """Refuse a bad or (without keys or ``insecure``) non-loopback ``url``, and keys
+    that are not :class:`~ringwire.ServerKeys` (``TypeError``), before anything is
     made; returns the handshake module."""
+    check_server(keys)
     hs = load()
     addr = hs.parse_address(url, bind=True)
-    if not addr.is_loopback() and not insecure:
+    if keys is not None and insecure:
+        raise ValueError(
+            f"listen({url!r}) was given both keys= and insecure=True: with keys the "
+            "listener admits only its listed clients; drop insecure=True"
+        )
+    if not addr.is_loopback() and not insecure and keys is None:
         raise ValueError(
             f"refusing to listen at {url}: a non-loopback TCP address is reachable by "
-            "anyone on the network and ringwire does not authenticate TCP peers yet; "
-            "bind 127.0.0.1, or pass insecure=True on a network you trust"
+            "anyone on the network; pass keys=ringwire.ServerKeys(secret=..., clients=...) "
+            "(make keys with python -m ringwire keygen), bind 127.0.0.1, or pass "
+            "insecure=True on a network you trust"
         )
     return hs
 

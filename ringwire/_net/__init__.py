@@ -6,7 +6,10 @@ A layer beside :mod:`ringwire._shm`: :mod:`.transport` implements the transport 
 :mod:`.handshake` connects and accepts, and :mod:`.messages` parses what a peer sends
 (no I/O: the fuzz targets drive it); :mod:`.status` keeps this process's table of its
 TCP connections for ``python -m ringwire inspect`` (which also asks the kernel,
-:mod:`.sockdiag`).  ``ringwire.connect("tcp://host:port")`` and
+:mod:`.sockdiag`); :mod:`.keys` reads CURVE key files (and is ``python -m ringwire
+keygen``) and :mod:`.curve` puts them on the sockets and reports refusals;
+:mod:`.nixl` and :mod:`.nixlpools` move large tensors through NIXL where both ends
+have it.  ``ringwire.connect("tcp://host:port")`` and
 ``ringwire.listen("tcp://0.0.0.0:port")`` route here (:mod:`ringwire._conn.connect`).
 pyzmq is an optional extra (``ringwire[net]``), imported only when a ``tcp://``
 address is used.

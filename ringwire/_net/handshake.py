@@ -17,6 +17,10 @@ Then each side's NIXL note (agent metadata, regions) rides at the end of the att
 and of its answer (``H`` ... note, ``K`` note), so that both know the other's before
 the first record.
 
+With keys (:mod:`.keys`) every one of these sockets runs CURVE and the listener admits
+only its listed clients; a refusal is an error on the client at once and a logged
+refusal on the listener (:mod:`.curve`).
+
 :func:`parse_address` validates a ``tcp://host:port`` address; a client resolves the
 host first, so a bad name is an error naming it, and a refused rendezvous is a
 ``ConnectionRefusedError`` naming the address, as on one host.
@@ -37,10 +41,12 @@ from typing import Any, NamedTuple
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from .._errors import HandshakeError
+from .._errors import HandshakeError, PeerCredentialsError
 from .._shm.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
 from . import nixl
+from .curve import FAILED_EVENTS, Guard, client_refusal, flood, secure_client, server_refusal
+from .keys import ClientKeys, ServerKeys
 from .messages import (
     MAX_BUDGET,
     Hello,
@@ -66,6 +72,8 @@ __all__ = [
     "is_tcp",
     "parse_address",
 ]
+
+_LOGGED = 20  # failed handshakes one step reports one by one (the rest: counted)
 
 
 class Address(NamedTuple):
@@ -180,6 +188,23 @@ def _recv_ready(sock: zmq.Socket[Any]) -> bool:
     return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
+def _send_now(sock: zmq.Socket[Any], parts: list[bytes]) -> None:
+    """Send without waiting.  A handshake that failed already (a refused key can be
+    quicker than this thread between ``connect`` and here) took the socket's only
+    pipe with it, and a blocking send would wait forever; the monitor says why."""
+    try:
+        sock.send_multipart(parts, zmq.NOBLOCK)
+    except zmq.Again:
+        pass
+
+
+def _events(mon: zmq.Socket[Any]) -> Generator[tuple[int, int], None, None]:
+    """The events waiting on the monitor socket ``mon``, as ``(event, value)``."""
+    while _recv_ready(mon):
+        ev = parse_monitor_message(mon.recv_multipart())
+        yield int(ev["event"]), int(ev["value"])
+
+
 def client_handshake(
     url: str,
     addr: Address,
@@ -188,17 +213,23 @@ def client_handshake(
     slots: SlotConfig | None,
     heartbeat: float,
     deadline: float,
+    keys: ClientKeys | None = None,
 ) -> Handshake:
     """Connect to the listener at ``addr`` (resolved); see the module docstring.
     Raises ``ConnectionRefusedError`` / ``TimeoutError`` naming ``url``,
-    :class:`HandshakeError` when the listener refuses or misbehaves."""
+    :class:`HandshakeError` when the listener refuses or misbehaves,
+    :class:`~ringwire.PeerCredentialsError` when the CURVE handshake fails (a key
+    refused, keys missing on one side, a wrong server key)."""
     ctx = context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        secure_client(dealer, keys)
     # the rendezvous connection stays open until the attach is answered: its hang-up is
     # a listener that died during the handshake (seen at once, not at the timeout)
-    dmon = dealer.get_monitor_socket(
-        zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+    dmon = monitor_of(
+        dealer,
+        zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | FAILED_EVENTS,
     )
     pair: zmq.Socket[Any] | None = None
     pmon: zmq.Socket[Any] | None = None
@@ -208,17 +239,18 @@ def client_handshake(
 
     def check_listener() -> None:
         nonlocal connected
-        while _recv_ready(dmon):
-            ev = parse_monitor_message(dmon.recv_multipart())
-            if ev["event"] == zmq.EVENT_CONNECTED:
+        for event, value in _events(dmon):
+            if event & FAILED_EVENTS:
+                raise client_refusal(event, value, url, keys)
+            if event == zmq.EVENT_CONNECTED:
                 connected = True
-            elif ev["event"] == zmq.EVENT_CONNECT_RETRIED and not connected:
+            elif event == zmq.EVENT_CONNECT_RETRIED and not connected:
                 raise ConnectionRefusedError(
                     111,
                     f"no ringwire listener at {url}: the connection was refused (start "
                     "the listener first, or check the host and port)",
                 )
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+            elif event == zmq.EVENT_DISCONNECTED:
                 raise HandshakeError(f"the listener at {url} went away during the handshake")
 
     try:
@@ -233,7 +265,7 @@ def client_handshake(
             socket.gethostname(),
             nixl.offer(),
         )
-        dealer.send(encode_rendezvous(hello))
+        _send_now(dealer, [encode_rendezvous(hello)])
         while not _recv_ready(dealer):
             check_listener()
             if time.monotonic() >= deadline:
@@ -242,13 +274,20 @@ def client_handshake(
         reply = check_welcome(decode_rendezvous(dealer.recv(), "answer from the listener"), url)
         pair = ctx.socket(zmq.PAIR)
         configure(pair, heartbeat, max(capacity, min(reply.budget, MAX_BUDGET)) + 64)
+        if keys is not None:
+            secure_client(pair, keys)
         pmon = monitor_of(pair)
         pair.connect(Address(addr.host, reply.port).url)
         if hello.nixl and reply.nixl:
             link = _nixl_link(slots, reply.budget)
-        pair.send_multipart((b"", b"H" + reply.token + session + (link.note() if link else b"")))
+        _send_now(pair, [b"", b"H" + reply.token + session + (link.note() if link else b"")])
         while not _recv_ready(pair):
             check_listener()
+            for event, value in _events(pmon):  # (before the K: nothing the transport needs)
+                if event & FAILED_EVENTS:
+                    raise client_refusal(event, value, url, keys)
+                if event == zmq.EVENT_DISCONNECTED:
+                    raise HandshakeError(f"the listener at {url} closed the attach")
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the listener at {url} did not answer the attach (timeout)")
             yield pair, min(deadline, time.monotonic() + _STEP)
@@ -290,17 +329,37 @@ holds a socket and a port until its client attaches or ``handshake_timeout`` pas
 a flood of hellos is refused beyond this instead of exhausting descriptors and ports."""
 
 
+def _curve_user(frame: zmq.Frame) -> str:
+    """The CURVE key (z85) a message of a keyed socket came with: the User-Id the
+    authenticator gave it.  :class:`HandshakeError` if it has none."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:
+        user = ""
+    if not user:
+        raise HandshakeError("a message without a CURVE identity on a keyed listener")
+    return str(user)
+
+
 class _Pending:
-    __slots__ = ("sock", "mon", "token", "hello", "deadline", "nixl")
+    __slots__ = ("sock", "mon", "token", "hello", "deadline", "user", "nixl")
 
     def __init__(
-        self, sock: Any, mon: Any, token: bytes, hello: Hello, deadline: float, nixl: str = ""
+        self,
+        sock: Any,
+        mon: Any,
+        token: bytes,
+        hello: Hello,
+        deadline: float,
+        user: str | None,
+        nixl: str = "",
     ) -> None:
         self.sock = sock
         self.mon = mon
         self.token = token
         self.hello = hello
         self.deadline = deadline
+        self.user = user  # the client's CURVE key (z85) that said hello (keyed listeners)
         self.nixl = nixl  # what this side offered it (NIXL is on when both did)
 
 
@@ -309,7 +368,10 @@ class NetAcceptor:
 
     Never blocks: :meth:`step` does what can be done now and returns the transports
     of connections that finished their handshake, and the refusals (as exceptions);
-    :meth:`waitables` says which sockets to wait on, and until when."""
+    :meth:`waitables` says which sockets to wait on, and until when.  With ``keys``
+    every socket runs CURVE, a :class:`~.curve.Guard` admits the listed clients only,
+    and the refusals come out of :meth:`step` with the others.  ``backlog`` is the
+    rendezvous's TCP listen backlog."""
 
     def __init__(
         self,
@@ -320,6 +382,8 @@ class NetAcceptor:
         heartbeat: float,
         handshake_timeout: float,
         capacity_default: int,
+        keys: ServerKeys | None = None,
+        backlog: int = 128,
     ) -> None:
         self.url = url
         addr = parse_address(url, bind=True)
@@ -330,10 +394,21 @@ class NetAcceptor:
         self._timeout = handshake_timeout
         self._capacity_default = capacity_default
         ctx = context()
-        self.router = ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
+        self._guard = Guard(keys, url) if keys is not None else None
+        self._rmon: zmq.Socket[Any] | None = None
         try:
+            self.router = ctx.socket(zmq.ROUTER)
+        except BaseException:
+            if self._guard is not None:
+                self._guard.close()
+            raise
+        try:
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.router.setsockopt(zmq.MAXMSGSIZE, 4096)
+            self.router.setsockopt(zmq.BACKLOG, backlog)  # (a full queue drops SYNs: 1 s stalls)
+            if self._guard is not None:
+                self._guard.secure(self.router)
+                self._rmon = monitor_of(self.router, FAILED_EVENTS)
             if addr.port == 0:
                 port = self.router.bind_to_random_port(
                     f"tcp://{addr.host if ':' not in addr.host else '[' + addr.host + ']'}"
@@ -342,14 +417,46 @@ class NetAcceptor:
                 self.router.bind(addr.url)
                 port = addr.port
         except zmq.ZMQError as exc:
-            self.router.close(0)
+            self._close_rendezvous()
             raise OSError(exc.errno, f"cannot listen at {url}: {exc.strerror}") from exc
+        except BaseException:
+            self._close_rendezvous()
+            raise
         self.address = Address(addr.host, port)
         self._pending: list[_Pending] = []
         self.backlog: list[NetTransport] = []  # accepted, not yet handed out (sync)
         self._ep = select.epoll()
         self._ep.register(int(self.router.getsockopt(zmq.FD)), select.EPOLLIN)
+        if self._guard is not None and self._rmon is not None:
+            self._ep.register(self._guard.fileno(), select.EPOLLIN)
+            self._ep.register(int(self._rmon.getsockopt(zmq.FD)), select.EPOLLIN)
         self.closed = False
+
+    def _close_rendezvous(self) -> None:
+        if self._rmon is not None:
+            close_monitored(self.router, self._rmon, 0)
+        else:
+            self.router.close(0)
+        if self._guard is not None:
+            self._guard.close()
+
+    def _key_refusals(self) -> list[BaseException]:
+        """The keyed rendezvous's refusals: the authenticator's, and the handshakes
+        that failed below it (its monitor)."""
+        guard, rmon = self._guard, self._rmon
+        if guard is None or rmon is None:
+            return []
+        out = guard.refusals()
+        more = 0
+        for event, value in _events(rmon):
+            exc = server_refusal(event, value, self.url, guard.keys)
+            if exc is not None and len(out) < _LOGGED:
+                out.append(exc)
+            elif exc is not None:
+                more += 1
+        if more:
+            out.append(flood(more, "failed CURVE handshakes"))
+        return out
 
     def fileno(self) -> int:
         """Readable when :meth:`step` may have something to do."""
@@ -364,20 +471,23 @@ class NetAcceptor:
         refused: list[BaseException] = []
         if self.closed:
             return done, refused
+        refused.extend(self._key_refusals())
         while _recv_ready(self.router):
             try:
-                msg = self.router.recv_multipart(zmq.NOBLOCK)
+                msg = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             if len(msg) != 2:
                 refused.append(HandshakeError(f"a hello of {len(msg)} frames"))
                 continue
+            rid = msg[0].bytes
             try:
-                self._hello(msg[0], msg[1])
+                user = _curve_user(msg[1]) if self._guard is not None else None
+                self._hello(rid, msg[1].bytes, user)
             except HandshakeError as exc:
                 refused.append(exc)
                 self.router.send_multipart(
-                    (msg[0], encode_rendezvous(Refuse(str(exc)))), zmq.NOBLOCK
+                    (rid, encode_rendezvous(Refuse(str(exc)))), zmq.NOBLOCK
                 )
         now = time.monotonic()
         for p in list(self._pending):
@@ -392,7 +502,7 @@ class NetAcceptor:
                 done.append(t)
         return done, refused
 
-    def _hello(self, rid: bytes, data: bytes) -> None:
+    def _hello(self, rid: bytes, data: bytes, user: str | None) -> None:
         hello = check_hello(decode_rendezvous(data, "hello"), self._max_capacity)
         cap = hello.capacity
         if len(self._pending) >= MAX_PENDING:
@@ -405,6 +515,8 @@ class NetAcceptor:
         try:
             sock = context().socket(zmq.PAIR)
             configure(sock, self._heartbeat, max(cap, hello.budget) + 64)
+            if self._guard is not None:
+                self._guard.secure(sock)
             mon = monitor_of(sock)
             host = self._bind_host if ":" not in self._bind_host else f"[{self._bind_host}]"
             port = sock.bind_to_random_port(f"tcp://{host}")
@@ -416,7 +528,7 @@ class NetAcceptor:
             raise HandshakeError(f"no port for pid {hello.pid} on {hello.host!r}: {exc}") from exc
         token = secrets.token_bytes(16)
         offer = nixl.offer() if hello.nixl else ""
-        p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout, offer)
+        p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout, user, offer)
         self._pending.append(p)
         self._ep.register(int(sock.getsockopt(zmq.FD)), select.EPOLLIN)
         welcome = Welcome(
@@ -442,6 +554,11 @@ class NetAcceptor:
             raise HandshakeError(
                 f"{exc} on the port given to pid {p.hello.pid} on {p.hello.host!r}"
             ) from None
+        if p.user is not None and _curve_user(first) != p.user:
+            raise PeerCredentialsError(
+                f"the attach on the port given to pid {p.hello.pid} on {p.hello.host!r} "
+                "came with another CURVE key than its hello"
+            )
         link = _nixl_link(self._slots, p.hello.budget) if p.nixl and peer_note else None
         sock.send_multipart((b"", b"K" + (link.note() if link else b"")), zmq.NOBLOCK)
         host = f"{p.hello.host} pid {p.hello.pid}"
@@ -479,7 +596,7 @@ class NetAcceptor:
             self.closed = True
             for p in list(self._pending):
                 self._drop(p)
-            self.router.close(0)
+            self._close_rendezvous()
             self._ep.close()
             for t in self.backlog:
                 t.close()

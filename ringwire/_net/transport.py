@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import select
 import socket
@@ -142,6 +143,9 @@ _GONE_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
     zmq.EVENT_HANDSHAKE_FAILED_AUTH,
 )
+# a bound socket's failed handshakes are other peers' (their value is an error code, not
+# the descriptor): one knocking on an open connection's port must not end that connection
+_HANDSHAKE_FAILED = _GONE_EVENTS[3:]
 
 
 class NetWriter:
@@ -548,7 +552,8 @@ class NetTransport:
             except Exception:  # pragma: no cover - libzmq speaks its own format
                 continue
             if ev["event"] in _GONE_EVENTS and (
-                self._peer_fd is None or int(ev["value"]) == self._peer_fd
+                self._peer_fd is None
+                or (int(ev["value"]) == self._peer_fd and ev["event"] not in _HANDSHAKE_FAILED)
             ):
                 # the monitor's event may overtake the last messages of the pipe (libzmq
                 # throttles command processing): give the socket a moment to deliver
@@ -634,9 +639,21 @@ MONITOR_EVENTS = (
 )
 
 
-def monitor_of(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
-    """The monitor socket of ``sock`` (the events liveness needs)."""
-    return sock.get_monitor_socket(MONITOR_EVENTS)
+_monitor_ids = itertools.count()
+
+
+def monitor_of(sock: zmq.Socket[Any], events: int = MONITOR_EVENTS) -> zmq.Socket[Any]:
+    """The monitor socket of ``sock`` (by default the events liveness needs).  Its pipe
+    has no high-water mark: libzmq's I/O thread sends monitor events blocking, so a
+    full pipe -- a flood of failed handshakes on a port nobody reads the monitor of --
+    would stop every socket of the context; unread events cost memory instead."""
+    addr = f"inproc://ringwire.monitor.{os.getpid()}.{next(_monitor_ids)}"
+    sock.monitor(addr, events)
+    mon = sock.context.socket(zmq.PAIR)
+    mon.setsockopt(zmq.RCVHWM, 0)
+    mon.setsockopt(zmq.LINGER, 0)
+    mon.connect(addr)
+    return mon
 
 
 def close_monitored(sock: zmq.Socket[Any], mon: zmq.Socket[Any], linger: int) -> None:
@@ -683,7 +700,7 @@ def reap(everything: bool = False) -> None:
                 except zmq.ZMQError:
                     gone = True
                     break
-                gone = ev["event"] in _GONE_EVENTS
+                gone = ev["event"] in _GONE_EVENTS and ev["event"] not in _HANDSHAKE_FAILED
             if gone:
                 close_monitored(sock, mon, LINGER_MS)
             else:
