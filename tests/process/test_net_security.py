@@ -171,6 +171,8 @@ def _json_line(h: Hosts, proc: subprocess.Popen[str], key: str) -> dict[str, obj
         line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         if line is None:
             break
+        if not line.startswith("{"):
+            continue  # (a library's own log line: UCX writes to stdout)
         d = json.loads(line)
         if key in d:
             return dict(d)

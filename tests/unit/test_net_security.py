@@ -146,14 +146,13 @@ async def test_a_refusal_quicker_than_the_hello_is_still_reported(
     # machine): the socket's pipe is gone then, and a blocking send waited forever
     from ringwire._net import handshake
 
-    real = handshake._encoder
+    real = handshake.encode_rendezvous
 
-    class Slow:
-        def encode(self, obj: Any) -> bytes:
-            time.sleep(0.3)  # the refusal arrives meanwhile
-            return real.encode(obj)
+    def slow(msg: Any) -> bytes:
+        time.sleep(0.3)  # the refusal arrives meanwhile
+        return real(msg)
 
-    monkeypatch.setattr(handshake, "_encoder", Slow())
+    monkeypatch.setattr(handshake, "encode_rendezvous", slow)
     async with ringwire.listen("tcp://127.0.0.1:0", keys=keys.server) as lst:
         for k, match in ((keys.unlisted, "refused this client's"), (None, "requires CURVE")):
             t0 = time.monotonic()
