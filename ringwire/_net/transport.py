@@ -33,9 +33,20 @@ triggered) over three others: the ZeroMQ socket's ``FD``, its monitor socket's `
 and an ``eventfd`` of our own.  ZeroMQ's ``FD`` only says "look at ``EVENTS``": an
 operation on the socket (a send, say) may consume its signal while a message waits.
 So every operation checks ``EVENTS`` afterwards and, if a message waits, writes the
-eventfd; :meth:`NetTransport.drain` reads it and pulls every waiting message into the
-reader's inbox.  Finalizers that cannot send a release now (the socket lock is busy)
-write it too.
+eventfd (a socket pair); :meth:`NetTransport.drain` reads it and pulls every waiting
+message into the reader's inbox.  Finalizers that cannot send a release now (the
+socket lock is busy) write it too.
+
+Every read ends having seen the socket empty (``EVENTS`` without ``POLLIN``, or
+``zmq.Again``), and so does every send (its ``EVENTS`` check).  Once seen empty, the
+socket holds nothing new until its ``FD`` is readable (libzmq signals it for the next
+message), so a reader that finds the ``FD`` quiet -- one ``epoll_wait(0)`` on the set,
+no ZeroMQ call -- has nothing to read; :meth:`NetTransport.drain` asks the set which
+of its three descriptors are readable and reads only those.  A read that follows a
+signal reads at once, one that does not asks ``EVENTS`` first (a failed read raises
+``zmq.Again``, which costs more); after a first message ``EVENTS`` says whether more
+wait, and a burst is read to the end.  Records are sent in batches under one round of
+the socket lock (:meth:`NetTransport.send_records`).
 
 Liveness
 --------
@@ -87,6 +98,11 @@ LINGER_MS = 2000  # a closed socket keeps sending what was queued this long at m
 _MAX_REASON = 2000
 _Q = struct.Struct(">Q")
 _HEADER = 4  # bytes a record counts beyond its payload (as a ring frame's header)
+# plain ints: arithmetic on pyzmq's enum flags costs a microsecond a time
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
 
 _ctx: zmq.Context[Any] | None = None
 _ctx_pid = 0
@@ -173,13 +189,26 @@ class NetWriter:
         return True
 
     def write_many(self, payloads: Sequence[Any], start: int = 0) -> tuple[int, int]:
-        count = nbytes = 0
+        if self.reader_closed_flag:
+            return 0, 0
+        room = self.capacity - (self.sent - self.acked)
+        end = start
+        nbytes = 0
         for i in range(start, len(payloads)):
-            if not self.try_write(payloads[i]):
+            n = len(payloads[i])
+            if n > self.max_payload:
+                if end == start:
+                    self.check_size(n)
+                break  # (the prefix goes first, as one by one)
+            if n + _HEADER > room:
                 break
-            count += 1
-            nbytes += len(payloads[i])
-        return count, nbytes
+            room -= n + _HEADER
+            nbytes += n
+            end = i + 1
+        if end > start:
+            self._t.send_records(payloads, start, end)  # one socket-lock round for all
+            self.sent += nbytes + _HEADER * (end - start)
+        return end - start, nbytes
 
     def used(self) -> int:
         return self.sent - self.acked
@@ -336,9 +365,14 @@ class NetTransport:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._efd = self._wake_r.fileno()
+        self._fd = int(sock.getsockopt(zmq.FD))
+        self._mon_fd = int(monitor.getsockopt(zmq.FD))
         self._ep = select.epoll()
-        for fd in (int(sock.getsockopt(zmq.FD)), int(monitor.getsockopt(zmq.FD)), self._efd):
+        for fd in (self._fd, self._mon_fd, self._efd):
             self._ep.register(fd, select.EPOLLIN)
+        # the socket was seen empty after the last operation on it: until its FD says
+        # otherwise, nothing waits (see "Waiting" in the module docstring)
+        self._seen_empty = False
         self.tx = NetWriter(self, peer_capacity)
         self.rx = NetReader(self, capacity)
         self.peer_pid = peer_pid
@@ -366,22 +400,37 @@ class NetTransport:
     # -- sending ----------------------------------------------------------------------
 
     def send_record(self, payload: Any, frames: Sequence[Any] | None) -> None:
-        sock = self._sock
         with self._lock:
             if self.gone or self._closed:
                 return  # into the void, as a ring write to a dead peer: drain() tells
-            try:
-                if frames:
-                    sock.send(payload, zmq.SNDMORE | zmq.NOBLOCK)
-                    last = len(frames) - 1
-                    for i, f in enumerate(frames):
-                        flags = zmq.NOBLOCK if i == last else zmq.SNDMORE | zmq.NOBLOCK
-                        sock.send(f, flags, copy=False)
-                else:
-                    sock.send(payload, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                self.gone = True  # no peer any more (PAIR without a pipe)
+            self._send_locked(payload, frames)
             self._after_op()
+
+    def send_records(self, payloads: Sequence[Any], start: int, end: int) -> None:
+        """Send ``payloads[start:end]`` (records, each with its ``frames`` if it has
+        any) in one round of the socket lock."""
+        with self._lock:
+            if self.gone or self._closed:
+                return
+            for i in range(start, end):
+                p = payloads[i]
+                self._send_locked(p, getattr(p, "frames", None))
+                if self.gone:
+                    break
+            self._after_op()
+
+    def _send_locked(self, payload: Any, frames: Sequence[Any] | None) -> None:
+        sock = self._sock
+        try:
+            if frames:
+                sock.send(payload, _MORE)
+                last = len(frames) - 1
+                for i, f in enumerate(frames):
+                    sock.send(f, _NOBLOCK if i == last else _MORE, copy=False)
+            else:
+                sock.send(payload, _NOBLOCK)
+        except zmq.ZMQError:
+            self.gone = True  # no peer any more (PAIR without a pipe)
 
     def send_control(self, body: bytes, *, wait: bool = True) -> bool:
         """Send one control message; ``wait=False`` (a finalizer): only if the socket
@@ -394,7 +443,8 @@ class NetTransport:
             if self.gone or self._closed:
                 return True
             try:
-                self._sock.send_multipart((b"", body), zmq.NOBLOCK)
+                self._sock.send(b"", _MORE)
+                self._sock.send(body, _NOBLOCK)
                 self.doorbells_sent += 1
             except zmq.ZMQError:
                 self.gone = True
@@ -404,11 +454,16 @@ class NetTransport:
             self._lock.release()
 
     def _after_op(self) -> None:
-        # an operation may have consumed the FD's signal while a message waits
+        # an operation may have consumed the FD's signal while a message waits: ask
+        # EVENTS (which leaves the socket seen empty, or rings the eventfd)
         try:
-            if int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if int(self._sock.getsockopt(_EVENTS)) & _POLLIN:
+                self._seen_empty = False
                 self._ring_self()
+            else:
+                self._seen_empty = True
         except zmq.ZMQError:
+            self._seen_empty = False
             self.gone = True
 
     def _ring_self(self) -> None:
@@ -433,22 +488,51 @@ class NetTransport:
                 self._news = False
                 self._ring_self()
 
-    def _pump_locked(self) -> None:
+    def _ready_fds(self) -> list[int]:
+        """The descriptors of the epoll set that are readable now (no wait)."""
+        if self._efd < 0:
+            return []  # closed
+        return [fd for fd, _ in self._ep.poll(0)]
+
+    def _pump_locked(self, signalled: bool | None = None) -> None:
+        # ``signalled``: whether the socket's FD is readable (None: look).  A socket seen
+        # empty whose FD is not readable holds nothing: no ZeroMQ call at all.  Else a
+        # signalled socket is read at once, an unsignalled one asked EVENTS first; after
+        # a message EVENTS again (cheaper than a failed read: ``zmq.Again``), and once
+        # that says more wait, read until the socket is empty.
         if self._closed:
             return
+        if self._seen_empty:
+            if signalled is None:
+                signalled = self._fd in self._ready_fds()
+            if not signalled:
+                return
         sock = self._sock
         rx = self.rx
+        probe = not signalled
+        burst = False
+        self._seen_empty = False
         while True:
             try:
-                first = sock.recv(zmq.NOBLOCK)
+                if probe and not int(sock.getsockopt(_EVENTS)) & _POLLIN:
+                    self._seen_empty = True
+                    return
+                frame = sock.recv(_NOBLOCK, copy=False)
+                first = frame.bytes
                 parts = []
-                while sock.getsockopt(zmq.RCVMORE):
-                    parts.append(sock.recv(zmq.NOBLOCK, copy=False))
+                while frame.more:  # (cheaper than asking RCVMORE)
+                    frame = sock.recv(_NOBLOCK, copy=False)
+                    parts.append(frame)
             except zmq.Again:
-                break
+                self._seen_empty = True
+                return
             except zmq.ZMQError:
                 self.gone = True
-                break
+                return
+            if burst:
+                probe = False
+            else:
+                probe = burst = True  # one EVENTS after the first message, then reads
             if self._error is not None:
                 continue  # broken: the endpoint is told at its drain()
             if first:
@@ -505,7 +589,7 @@ class NetTransport:
         mon = self._mon
         while True:
             try:
-                msg = mon.recv_multipart(zmq.NOBLOCK)
+                msg = mon.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError:
@@ -523,6 +607,7 @@ class NetTransport:
                 if not self.gone:
                     with contextlib.suppress(zmq.ZMQError):
                         self._sock.poll(10, zmq.POLLIN)
+                    self._seen_empty = False  # (the poll may have taken the FD's signal)
                     self._pump_locked()
                 self.gone = self._news = True
 
@@ -537,13 +622,16 @@ class NetTransport:
     def drain(self) -> bool:
         with self._lock:
             if self._efd >= 0:
-                try:
-                    while len(self._wake_r.recv(4096)) == 4096:
-                        pass
-                except OSError:
-                    pass  # nothing to read
-                self._pump_locked()
-                self._pump_monitor()
+                ready = self._ready_fds()
+                if self._efd in ready:
+                    try:
+                        while len(self._wake_r.recv(4096)) == 4096:
+                            pass
+                    except OSError:
+                        pass  # nothing to read
+                self._pump_locked(self._fd in ready)
+                if self._mon_fd in ready:
+                    self._pump_monitor()
                 self._news = False  # the caller wakes every waiter
         if self._error is not None:
             err, self._error = self._error, None
@@ -560,7 +648,8 @@ class NetTransport:
     def hung_up(self) -> bool:
         if not self.gone and not self._closed:
             with self._lock:
-                self._pump_monitor()
+                if self._mon_fd in self._ready_fds():
+                    self._pump_monitor()
                 if self._news:
                     self._news = False
                     self._ring_self()
