@@ -10,6 +10,9 @@ message ``[b"", body]`` whose first byte says what it is:
 =====  ====================  ===========================================================
 byte   body                  meaning
 =====  ====================  ===========================================================
+``M``  n x (u32, payload)     a batch: n >= 2 records without arrays, each a u32
+                             big-endian length and the msgpack record (``send_many``;
+                             each counts as one record of its own)
 ``C``  u64 big-endian        the reader has consumed this many record bytes in all
                              (credit: the writer may have ``capacity`` bytes in flight;
                              a record counts its payload + 4, as a ring frame)
@@ -23,7 +26,8 @@ byte   body                  meaning
 =====  ====================  ===========================================================
 
 Anything else -- an unknown control byte, a credit that goes backwards or past what
-was sent, records past the credit, a record after ``E`` -- is a
+was sent, records past the credit, a record after ``E``, a batch whose lengths do not
+add up or that holds fewer than two records or an empty one -- is a
 :class:`~ringwire.ProtocolError`: that connection breaks, nothing else.
 
 Waiting
@@ -37,16 +41,12 @@ eventfd (a socket pair); :meth:`NetTransport.drain` reads it and pulls every wai
 message into the reader's inbox.  Finalizers that cannot send a release now (the
 socket lock is busy) write it too.
 
-Every read ends having seen the socket empty (``EVENTS`` without ``POLLIN``, or
-``zmq.Again``), and so does every send (its ``EVENTS`` check).  Once seen empty, the
-socket holds nothing new until its ``FD`` is readable (libzmq signals it for the next
-message), so a reader that finds the ``FD`` quiet -- one ``epoll_wait(0)`` on the set,
-no ZeroMQ call -- has nothing to read; :meth:`NetTransport.drain` asks the set which
-of its three descriptors are readable and reads only those.  A read that follows a
-signal reads at once, one that does not asks ``EVENTS`` first (a failed read raises
-``zmq.Again``, which costs more); after a first message ``EVENTS`` says whether more
-wait, and a burst is read to the end.  Records are sent in batches under one round of
-the socket lock (:meth:`NetTransport.send_records`).
+Every read and every send ends having seen the socket empty (``EVENTS`` without
+``POLLIN``, or ``zmq.Again``); from then on it holds nothing new until its ``FD`` is
+readable, so a reader that finds the ``FD`` quiet (one ``epoll_wait(0)`` on the set)
+makes no ZeroMQ call, and :meth:`NetTransport.drain` reads only the descriptors the
+set says are readable.  ``EVENTS`` is asked instead of a read that would fail
+(``zmq.Again`` costs more); a burst is read to the end.
 
 Liveness
 --------
@@ -103,6 +103,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
+_L = struct.Struct(">I")
+_BATCH = 4096  # records at most in one ``M`` message
 
 _ctx: zmq.Context[Any] | None = None
 _ctx_pid = 0
@@ -407,16 +409,27 @@ class NetTransport:
             self._after_op()
 
     def send_records(self, payloads: Sequence[Any], start: int, end: int) -> None:
-        """Send ``payloads[start:end]`` (records, each with its ``frames`` if it has
-        any) in one round of the socket lock."""
+        """Send ``payloads[start:end]`` in one round of the socket lock (as ``M``)."""
         with self._lock:
             if self.gone or self._closed:
                 return
-            for i in range(start, end):
+            i = start
+            while i < end and not self.gone:
                 p = payloads[i]
-                self._send_locked(p, getattr(p, "frames", None))
-                if self.gone:
-                    break
+                frames = getattr(p, "frames", None)
+                j = i + 1
+                if not frames:  # records without arrays go as one M message
+                    limit = min(end, i + _BATCH)
+                    while j < limit and not getattr(payloads[j], "frames", None):
+                        j += 1
+                if j - i < 2:
+                    self._send_locked(p, frames)
+                else:
+                    pieces = [b"M"]
+                    for q in payloads[i:j]:
+                        pieces += (_L.pack(len(q)), q)
+                    self._send_control_locked(b"".join(pieces))
+                i = j
             self._after_op()
 
     def _send_locked(self, payload: Any, frames: Sequence[Any] | None) -> None:
@@ -442,16 +455,19 @@ class NetTransport:
         try:
             if self.gone or self._closed:
                 return True
-            try:
-                self._sock.send(b"", _MORE)
-                self._sock.send(body, _NOBLOCK)
-                self.doorbells_sent += 1
-            except zmq.ZMQError:
-                self.gone = True
+            self._send_control_locked(body)
+            self.doorbells_sent += 1
             self._after_op()
             return True
         finally:
             self._lock.release()
+
+    def _send_control_locked(self, body: bytes) -> None:
+        try:
+            self._sock.send(b"", _MORE)
+            self._sock.send(body, _NOBLOCK)
+        except zmq.ZMQError:
+            self.gone = True
 
     def _after_op(self) -> None:
         # an operation may have consumed the FD's signal while a message waits: ask
@@ -495,11 +511,9 @@ class NetTransport:
         return [fd for fd, _ in self._ep.poll(0)]
 
     def _pump_locked(self, signalled: bool | None = None) -> None:
-        # ``signalled``: whether the socket's FD is readable (None: look).  A socket seen
-        # empty whose FD is not readable holds nothing: no ZeroMQ call at all.  Else a
-        # signalled socket is read at once, an unsignalled one asked EVENTS first; after
-        # a message EVENTS again (cheaper than a failed read: ``zmq.Again``), and once
-        # that says more wait, read until the socket is empty.
+        # ``signalled``: whether the socket's FD is readable (None: look).  Read at once
+        # when signalled, else ask EVENTS first; EVENTS after a first message, then read
+        # a burst until the socket is empty
         if self._closed:
             return
         if self._seen_empty:
@@ -549,7 +563,36 @@ class NetTransport:
             elif len(parts) != 1:
                 self._fail(f"a control message of {len(parts) + 1} frames")
             else:
-                self._control(parts[0].bytes)
+                body = parts[0].bytes
+                if body[:1] == b"M":
+                    self._batch(body)
+                else:
+                    self._control(body)
+
+    def _batch(self, body: bytes) -> None:
+        rx = self.rx
+        if rx.writer_closed_flag:
+            return self._fail("a record arrived after the peer's end of stream")
+        got: list[tuple[bytes, list[Any]]] = []
+        i, end, nbytes = 1, len(body), 0
+        unpack = _L.unpack_from
+        while i < end:
+            if i + 4 > end:
+                return self._fail("a batch cut short in a record's length")
+            (k,) = unpack(body, i)
+            i += 4
+            if k == 0 or i + k > end:
+                return self._fail(f"a batch record of {k} bytes ({end - i} left)")
+            got.append((body[i : i + k], []))
+            nbytes += k + _HEADER
+            i += k
+        if len(got) < 2:
+            return self._fail(f"a batch of {len(got)} record(s)")
+        rx.inbox.extend(got)
+        rx.inbox_bytes += nbytes
+        if rx.inbox_bytes > rx.capacity:
+            self._fail(f"the peer sent {rx.inbox_bytes} record bytes, past its credit")
+        return None
 
     def _fail(self, what: str) -> None:
         if self._error is None:
