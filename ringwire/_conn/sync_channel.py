@@ -45,7 +45,9 @@ class SyncWaker:
 
     def __init__(self, core: Endpoint) -> None:
         self.core = core
-        self.cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self.cv = threading.Condition(self._lock)
+        self._sleepers = 0  # threads in cv.wait(): the poller notifies only when any
         self._polling = False
         self._poll = select.poll()
         self._poll.register(core.transport.fileno(), select.POLLIN)
@@ -54,26 +56,31 @@ class SyncWaker:
         """Until a wake-up after generation ``gen``, or ``until`` (then it returns
         quietly: the loop decides what a timeout means)."""
         core = self.core
-        cv = self.cv
-        with cv:
+        lock = self._lock  # (the condition's own: entered without its Python wrapper)
+        with lock:
             while core.wake_gen == gen and not core.eof and not core.closed and core.broken is None:
                 left = None if until is None else until - time.monotonic()
                 if left is not None and left <= 0:
                     return
                 if self._polling:
-                    cv.wait(left)
+                    self._sleepers += 1
+                    try:
+                        self.cv.wait(left)
+                    finally:
+                        self._sleepers -= 1
                     continue
                 self._polling = True
-                cv.release()
+                lock.release()
                 try:
                     ms = -1 if left is None else max(1, math.ceil(left * 1000))
                     ready = self._poll.poll(ms)
                     if ready and not core.closed:
                         core.drain()
                 finally:
-                    cv.acquire()
+                    lock.acquire()
                     self._polling = False
-                    cv.notify_all()
+                    if self._sleepers:
+                        self.cv.notify_all()
 
 
 class SyncReceipt(ReceiptBase):
