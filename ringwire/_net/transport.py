@@ -574,7 +574,7 @@ class NetTransport:
         if rx.writer_closed_flag:
             return self._fail("a record arrived after the peer's end of stream")
         got: list[tuple[bytes, list[Any]]] = []
-        i, end, nbytes = 1, len(body), 0
+        i, end, room = 1, len(body), rx.capacity - rx.inbox_bytes
         unpack = _L.unpack_from
         while i < end:
             if i + 4 > end:
@@ -583,15 +583,15 @@ class NetTransport:
             i += 4
             if k == 0 or i + k > end:
                 return self._fail(f"a batch record of {k} bytes ({end - i} left)")
+            room -= k + _HEADER
+            if room < 0:
+                return self._fail("the peer sent a batch past its credit")
             got.append((body[i : i + k], []))
-            nbytes += k + _HEADER
             i += k
         if len(got) < 2:
             return self._fail(f"a batch of {len(got)} record(s)")
         rx.inbox.extend(got)
-        rx.inbox_bytes += nbytes
-        if rx.inbox_bytes > rx.capacity:
-            self._fail(f"the peer sent {rx.inbox_bytes} record bytes, past its credit")
+        rx.inbox_bytes = rx.capacity - room
         return None
 
     def _fail(self, what: str) -> None:

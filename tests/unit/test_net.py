@@ -176,6 +176,7 @@ async def test_send_many_goes_as_batches_in_order() -> None:
         b"M" + (1).to_bytes(4, "big") + b"\x01",  # one record only
         b"M" + (0).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"\x01",  # an empty one
         b"M" + (1).to_bytes(4, "big") + b"\x01\x00\x00",  # cut short in a length
+        b"M" + ((1 << 19).to_bytes(4, "big") + b"\x01" * (1 << 19)) * 2,  # past the credit
     ],
 )
 async def test_lying_batch_breaks_only_that_connection(body: bytes) -> None:
