@@ -45,7 +45,7 @@ EXPECTED = {
         "calls": (10, 60),
         "broadcast": (40, 80),
         "pipeline": (35, 75),
-        "tcp": (15, 40),
+        "tcp": (60, 110),
     },
     "full": {
         "codec": (30, 180),
@@ -55,7 +55,7 @@ EXPECTED = {
         "calls": (90, 240),
         "broadcast": (120, 300),
         "pipeline": (380, 720),
-        "tcp": (90, 240),
+        "tcp": (150, 360),
     },
 }
 # quick mode: the whole suite's wall-clock budget (the report is written after it) and

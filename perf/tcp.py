@@ -2,7 +2,7 @@
 
 Run from the repository root (pyzmq installed: ``pip install -e '.[bench]'``)::
 
-    python -m perf.tcp --quick          # < 40 s on a 2-core VM
+    python -m perf.tcp --quick          # about 50 s on a 2-core VM
     python -m perf.tcp                  # more rounds
     python -m perf.tcp --json PATH      # default perf/results/tcp.json
 
@@ -22,11 +22,19 @@ turn), and medians are reported:
   ``send`` (the array is copied once into the sender's pool, then goes as an Ext 20
   zero-copy frame) and ringwire ``loan`` (no copy; the loan is not filled) against zmq
   ``send_multipart([msgspec header, array], copy=False)``; the receiver views the
-  buffer (``np.frombuffer``) and answers with a small ack.
+  buffer (``np.frombuffer``) and answers with a small ack;
+* **(d) bandwidth**, 256 MiB one way + small ack: the (c) peers, zmq ``copy=False``
+  with a naive receiver that copies the array out (``arr.copy()``), and the *floor*:
+  a bare socket ``sendall`` here into ``recv_into`` a buffer the child allocated once
+  (:class:`perf._tcp_more.Floor`);
+* **(e) fan-in**: 4 producer processes → this process, 100-byte records, ringwire
+  ``send_many`` → ``Listener.receive_many`` against zmq ``PUSH``/``PULL`` with msgspec
+  (:mod:`perf._tcp_more`).
 
 Ratios are ringwire ÷ zmq (times: below 1 is ringwire faster; throughput: above 1 is
-ringwire faster).  The issue-17 target checked: small-record async round trip ≤ 1.15×
-the bare zmq.asyncio + msgspec echo.
+ringwire faster).  The issue-17 targets checked: small-record async round trip ≤ 1.15×
+the bare zmq.asyncio + msgspec echo; 256 MiB one way ≥ 0.8× the floor's bandwidth and
+ahead of the copying zmq receiver.
 
 Clean-up: the children are started by this script with ``PR_SET_PDEATHSIG``, killed in
 a ``finally`` and waited for; nothing touches ``/dev/shm`` (a TCP channel has no ring).
@@ -51,18 +59,26 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from perf import _tcp_more as more
 from perf._common import format_table, format_targets, machine_info, summarize
 
 MiB = 1 << 20
 RECORD = {"seq": 0, "body": "x" * 80}  # ~100 bytes of msgpack
 BATCH = 256  # records per send_many / send_multipart
 RT_TARGET = 1.15
+BW_TARGET = 0.8  # ringwire's 256 MiB one-way bandwidth ÷ the bare-socket floor's
 SIZES = (8 * MiB, 64 * MiB)
+BIG = 256 * MiB  # the bandwidth row
 
 MODES = {
-    #        warmup, rounds, rt per round, records per round, handoffs per round
-    "quick": dict(warmup=2, rounds=9, rt=100, records=20_000, handoffs=4),
-    "full": dict(warmup=3, rounds=25, rt=200, records=100_000, handoffs=8),
+    #        warmup, rounds, rt per round, records per round, handoffs per round,
+    #        256 MiB transfers per round, bandwidth rounds, fan-in records per round
+    "quick": dict(
+        warmup=2, rounds=9, rt=100, records=20_000, handoffs=4, big=1, big_rounds=3, fan=20_000
+    ),
+    "full": dict(
+        warmup=3, rounds=25, rt=200, records=100_000, handoffs=8, big=2, big_rounds=9, fan=100_000
+    ),
 }
 
 
@@ -70,7 +86,7 @@ def _slots() -> Any:
     import ringwire
 
     # room for two handoffs of each size in flight
-    return ringwire.SlotConfig(classes=tuple(ringwire.SlotClass(s, 2) for s in SIZES))
+    return ringwire.SlotConfig(classes=tuple(ringwire.SlotClass(s, 2) for s in (*SIZES, BIG)))
 
 
 # -- the children (blocking API) ---------------------------------------------------------
@@ -122,10 +138,12 @@ def _child_zmq(url: str) -> None:  # pragma: no cover - child
                         dec(f)
                     got += len(frames)
                 sock.send(enc("ack"))
-            elif op == "a":
+            elif op in ("a", "c"):
                 _, dtype, shape = msg
                 body = sock.recv(copy=False)  # the second part of the same message
                 arr = np.frombuffer(body.buffer, dtype).reshape(shape)
+                if op == "c":  # the naive receiver: an array of its own
+                    arr = arr.copy()
                 nbytes = arr.nbytes
                 del arr, body
                 sock.send(enc(nbytes))
@@ -266,11 +284,11 @@ class _Zmq:
         assert self._dec(await sock.recv()) == "ack"
         return [time.perf_counter_ns() - t0]
 
-    async def handoff(self, arr: Any, n: int) -> list[int]:
+    async def handoff(self, arr: Any, n: int, op: str = "a") -> list[int]:
         sock, enc, out, clock = self.sock, self._enc, [], time.perf_counter_ns
         for _ in range(n):
             t0 = clock()
-            await sock.send_multipart([enc(("a", arr.dtype.str, arr.shape)), arr], copy=False)
+            await sock.send_multipart([enc((op, arr.dtype.str, arr.shape)), arr], copy=False)
             got = self._dec(await sock.recv())
             out.append(clock() - t0)
             assert got == arr.nbytes, got
@@ -351,27 +369,58 @@ async def _run(mode: dict[str, int]) -> dict[str, Any]:
             s = await _interleaved(_handoff_peers(rw, zq, arr, h), **kw)
             res["handoff_ms"][f"{size // MiB} MiB"] = {n: _stats_ms(v) for n, v in s.items()}
             del arr, s
+
+        # (d) 256 MiB one way: against the bare-socket floor and a copying zmq receiver
+        floor = more.Floor()
+        opened.append(floor)  # (closed in the finally below, even half-open)
+        await floor.open()
+        big = np.full(BIG, 7, np.uint8)
+        h = mode["big"]
+        peers = _handoff_peers(rw, zq, big, h)
+        peers[ZMQ_COPY] = lambda: zq.handoff(big, h, "c")
+        peers[floor.name] = lambda: floor.handoff(big, h)
+        s = await _interleaved(peers, rounds=mode["big_rounds"], warmup=1)
+        res["bandwidth_256MiB_ms"] = {n: _stats_ms(v) for n, v in s.items()}
+        del s, peers
+
+        # (e) fan-in: 4 producer processes, one consumer (this process)
+        fans = [more.FanRingwire(), more.FanZmq(False), more.FanZmq(True)]
+        for f in fans:
+            opened.append(f)
+            await f.open()
+        n = mode["fan"]
+        s = await _interleaved({f.name: (lambda f=f: f.round(n)) for f in fans}, **kw)
+        res["fanin_100B_rps"] = {
+            name: {"median_rps": n / (summarize(v).median_ns / 1e9), "rounds": len(v)}
+            for name, v in s.items()
+        }
         return res
     finally:
-        for p in opened:
+        for p in reversed(opened):  # (listeners' task groups must exit in LIFO order)
             try:
                 await p.close()
             except Exception as exc:  # noqa: BLE001 - report, then kill below
                 print(f"closing {p.name}: {exc!r}", file=sys.stderr)
-        for p in (rw, zq):
+        for p in (rw, zq, *opened):
             proc = getattr(p, "proc", None)
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
 
 
+RW_SEND = "ringwire send (copy into pool, Ext 20 frame)"
+RW_LOAN = "ringwire loan (no copy, not filled)"
+ZMQ_VIEW = "zmq send_multipart copy=False"
+ZMQ_COPY = "zmq copy=False + receiver copy"
+
+
 def _handoff_peers(
     rw: _Ringwire, zq: _Zmq, arr: Any, n: int
 ) -> dict[str, Callable[[], Awaitable[list[int]]]]:
     return {
-        "ringwire send (copy into pool, Ext 20 frame)": lambda: rw.handoff(arr, n),
-        "ringwire loan (no copy, not filled)": lambda: rw.loan(arr, n),
-        "zmq send_multipart copy=False": lambda: zq.handoff(arr, n),
+        RW_SEND: lambda: rw.handoff(arr, n),
+        RW_LOAN: lambda: rw.loan(arr, n),
+        ZMQ_VIEW: lambda: zq.handoff(arr, n),
     }
 
 
@@ -431,7 +480,7 @@ def report(res: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     lines.append("\n### (c) array one way + small ack (ms, smaller is better)\n")
     rows = []
     for size, peers in res["handoff_ms"].items():
-        z = peers["zmq send_multipart copy=False"]["median"]
+        z = peers[ZMQ_VIEW]["median"]
         for n, v in peers.items():
             gbps = int(size.split()[0]) * MiB / (v["median"] / 1e3) / 1e9
             rows.append(
@@ -465,7 +514,7 @@ def report(res: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         },
     ]
     for size, peers in res["handoff_ms"].items():
-        z = peers["zmq send_multipart copy=False"]["median"]
+        z = peers[ZMQ_VIEW]["median"]
         for n, v in peers.items():
             if n.startswith("ringwire"):
                 r = v["median"] / z
@@ -477,6 +526,80 @@ def report(res: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
                         "status": "info",
                     }
                 )
+    bw = res["bandwidth_256MiB_ms"]
+    floor_ms = bw[more.Floor.name]["median"]
+    lines.append(
+        "\n### (d) 256 MiB one way + small ack (ms, smaller is better; × floor: bandwidth "
+        "÷ the bare socket's, larger is better)\n"
+    )
+    lines.append(
+        format_table(
+            ["peer", "median", "p99", "GB/s", "samples", "× floor (bandwidth)"],
+            [
+                [
+                    n,
+                    f"{v['median']:.1f}",
+                    f"{v['p99']:.1f}",
+                    f"{BIG / (v['median'] / 1e3) / 1e9:.2f}",
+                    v["n"],
+                    _ratio_text(floor_ms / v["median"]),
+                ]
+                for n, v in bw.items()
+            ],
+            "lrrrrr",
+        )
+    )
+    fan = res["fanin_100B_rps"]
+    rw_fan = next(v["median_rps"] for n, v in fan.items() if n.startswith("ringwire"))
+    best_zmq_fan = max(v["median_rps"] for n, v in fan.items() if n.startswith("zmq"))
+    lines.append(
+        f"\n### (e) fan-in, {more.PRODUCERS} producer processes → 1 consumer, 100 B records "
+        "(records/s, larger is better)\n"
+    )
+    lines.append(
+        format_table(
+            ["peer", "median", "rounds", "ringwire ÷ this"],
+            [
+                [
+                    n,
+                    f"{v['median_rps']:,.0f}",
+                    v["rounds"],
+                    "" if n.startswith("ringwire") else _ratio_text(rw_fan / v["median_rps"]),
+                ]
+                for n, v in fan.items()
+            ],
+            "lrrr",
+        )
+    )
+    zc = bw[ZMQ_COPY]["median"]
+    for name in (RW_SEND, RW_LOAN):
+        r = floor_ms / bw[name]["median"]
+        targets.append(
+            {
+                "target": f"256 MiB one way: {name} ≥ {BW_TARGET}× the floor's bandwidth",
+                "value": r,
+                "shown": _ratio_text(r),
+                "status": "HIT" if r >= BW_TARGET else "MISS",
+            }
+        )
+        r = zc / bw[name]["median"]
+        targets.append(
+            {
+                "target": f"256 MiB one way: {name} ahead of {ZMQ_COPY} (bandwidth ratio > 1)",
+                "value": r,
+                "shown": _ratio_text(r),
+                "status": "HIT" if r > 1 else "MISS",
+            }
+        )
+    r = rw_fan / best_zmq_fan
+    targets.append(
+        {
+            "target": f"(info) fan-in {more.PRODUCERS} → 1: ringwire ÷ best zmq PUSH/PULL (records/s)",
+            "value": r,
+            "shown": _ratio_text(r),
+            "status": "info",
+        }
+    )
     lines.append("\n### Ratios\n")
     lines.append(format_targets(targets))
     return "\n".join(lines), targets

@@ -54,7 +54,9 @@ class SyncWaker:
 
     def __init__(self, core: Endpoint) -> None:
         self.core = core
-        self.cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self.cv = threading.Condition(self._lock)
+        self._sleepers = 0  # threads in cv.wait(): the poller notifies only when any
         self._polling = False
         self._poller = 0  # the thread in poll() (while _polling)
         self._poll = select.poll()
@@ -76,18 +78,22 @@ class SyncWaker:
         """Until a wake-up after generation ``gen``, or ``until`` (then it returns
         quietly: the loop decides what a timeout means)."""
         core = self.core
-        cv = self.cv
-        with cv:
+        lock = self._lock  # (the condition's own: entered without its Python wrapper)
+        with lock:
             while core.wake_gen == gen and not core.eof and not core.closed and core.broken is None:
                 left = None if until is None else until - time.monotonic()
                 if left is not None and left <= 0:
                     return
                 if self._polling:
-                    cv.wait(left)
+                    self._sleepers += 1
+                    try:
+                        self.cv.wait(left)
+                    finally:
+                        self._sleepers -= 1
                     continue
                 self._polling = True
                 self._poller = threading.get_ident()
-                cv.release()
+                lock.release()
                 try:
                     if core.wake_gen != gen:
                         continue  # a drain elsewhere after the check (it saw no poller)
@@ -100,9 +106,10 @@ class SyncWaker:
                                 os.eventfd_read(kick)
                         core.drain()
                 finally:
-                    cv.acquire()
+                    lock.acquire()
                     self._polling = False
-                    cv.notify_all()
+                    if self._sleepers:
+                        self.cv.notify_all()
 
     def close(self) -> None:
         """Close the kick descriptor now if no thread polls (else when collected)."""

@@ -130,6 +130,8 @@ class Slot:
         except OSError:
             return
         try:
+            if s.family not in (socket.AF_INET, socket.AF_INET6):
+                return  # (libzmq closed it, and the number now names another socket)
             peer, local = s.getpeername(), s.getsockname()
         except OSError:
             return
@@ -153,6 +155,8 @@ class Slot:
 
 
 def _hostport(addr: Any) -> str:
+    if not isinstance(addr, tuple) or len(addr) < 2:
+        return ""
     host, port = addr[0], addr[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

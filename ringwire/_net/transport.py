@@ -10,6 +10,9 @@ message ``[b"", body]`` whose first byte says what it is:
 =====  ====================  ===========================================================
 byte   body                  meaning
 =====  ====================  ===========================================================
+``M``  n x (u32, payload)     a batch: n >= 2 records without arrays, each a u32
+                             big-endian length and the msgpack record (``send_many``;
+                             each counts as one record of its own)
 ``C``  u64 big-endian        the reader has consumed this many record bytes in all
                              (credit: the writer may have ``capacity`` bytes in flight;
                              a record counts its payload + 4, as a ring frame)
@@ -29,7 +32,8 @@ transfer list before it (:mod:`.nixlpools`); the ``holder`` keeps such a record,
 every record after it, until its arrays have arrived.
 
 Anything else -- an unknown control byte, a credit that goes backwards or past what
-was sent, records past the credit, a record after ``E`` -- is a
+was sent, records past the credit, a record after ``E``, a batch whose lengths do not
+add up or that holds fewer than two records or an empty one -- is a
 :class:`~ringwire.ProtocolError`: that connection breaks, nothing else.
 
 Waiting
@@ -39,9 +43,16 @@ triggered) over three others: the ZeroMQ socket's ``FD``, its monitor socket's `
 and an ``eventfd`` of our own.  ZeroMQ's ``FD`` only says "look at ``EVENTS``": an
 operation on the socket (a send, say) may consume its signal while a message waits.
 So every operation checks ``EVENTS`` afterwards and, if a message waits, writes the
-eventfd; :meth:`NetTransport.drain` reads it and pulls every waiting message into the
-reader's inbox.  Finalizers that cannot send a release now (the socket lock is busy)
-write it too.
+eventfd (a socket pair); :meth:`NetTransport.drain` reads it and pulls every waiting
+message into the reader's inbox.  Finalizers that cannot send a release now (the
+socket lock is busy) write it too.
+
+Every read and every send ends having seen the socket empty (``EVENTS`` without
+``POLLIN``, or ``zmq.Again``); from then on it holds nothing new until its ``FD`` is
+readable, so a reader that finds the ``FD`` quiet (one ``epoll_wait(0)`` on the set)
+makes no ZeroMQ call, and :meth:`NetTransport.drain` reads only the descriptors the
+set says are readable.  ``EVENTS`` is asked instead of a read that would fail
+(``zmq.Again`` costs more); a burst is read to the end.
 
 Liveness
 --------
@@ -56,15 +67,11 @@ sends and receives from two threads).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import itertools
-import os
 import select
 import socket
 import struct
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,6 +83,16 @@ from .._errors import FrameTooLarge, ProtocolError
 from .._wire.control import PROTOCOL_VERSION
 from .messages import MAX_REASON, check_credit, parse_control
 from .status import open_slot
+from .zmqlife import (
+    GONE_EVENTS,
+    HANDSHAKE_FAILED,
+    close_monitored,
+    configure,
+    context,
+    monitor_of,
+    reap,
+    retire,
+)
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
@@ -92,60 +109,15 @@ __all__ = [
 
 DEFAULT_HEARTBEAT = 3.0
 """Seconds without a sign of life after which a silent peer is declared gone."""
-LINGER_MS = 2000  # a closed socket keeps sending what was queued this long at most
 _Q = struct.Struct(">Q")
 _HEADER = 4  # bytes a record counts beyond its payload (as a ring frame's header)
-
-_ctx: zmq.Context[Any] | None = None
-_ctx_pid = 0
-
-
-def context() -> zmq.Context[Any]:
-    """This process's ZeroMQ context (a fresh one in a forked child); at exit it
-    flushes what closed sockets still queue, for at most :data:`LINGER_MS`."""
-    global _ctx, _ctx_pid
-    if _graveyard and _ctx_pid == os.getpid():
-        reap()
-    if _ctx is None or _ctx_pid != os.getpid() or _ctx.closed:
-        _ctx = zmq.Context()
-        _ctx_pid = os.getpid()
-        _graveyard.clear()  # (a forked child's copies belong to the parent)
-        atexit.register(_at_exit, _ctx, _ctx_pid)
-    return _ctx
-
-
-def _at_exit(ctx: zmq.Context[Any], pid: int) -> None:
-    if pid == os.getpid() and not ctx.closed:
-        reap(everything=True)
-        ctx.destroy(linger=LINGER_MS)
-
-
-def configure(sock: zmq.Socket[Any], heartbeat: float, max_message: int) -> None:
-    """Options of a connection socket: no reconnection, heartbeats, no high-water mark
-    (ringwire bounds what is in flight itself), a largest message."""
-    ms = max(100, int(heartbeat * 1000))
-    ms -= ms % 100  # HEARTBEAT_TTL counts tenths of a second
-    sock.setsockopt(zmq.LINGER, LINGER_MS)
-    sock.setsockopt(zmq.RECONNECT_IVL, -1)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.HEARTBEAT_IVL, max(50, ms // 4))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ms)
-    sock.setsockopt(zmq.HEARTBEAT_TTL, min(ms, 6553500))
-    sock.setsockopt(zmq.MAXMSGSIZE, max_message)
-
-
-_GONE_EVENTS = (
-    zmq.EVENT_DISCONNECTED,
-    zmq.EVENT_CLOSED,
-    zmq.EVENT_MONITOR_STOPPED,
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
-)
-# a bound socket's failed handshakes are other peers' (their value is an error code, not
-# the descriptor): one knocking on an open connection's port must not end that connection
-_HANDSHAKE_FAILED = _GONE_EVENTS[3:]
+# plain ints: arithmetic on pyzmq's enum flags costs a microsecond a time
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+_L = struct.Struct(">I")
+_BATCH = 4096  # records at most in one ``M`` message
 
 
 class NetWriter:
@@ -186,13 +158,26 @@ class NetWriter:
         return True
 
     def write_many(self, payloads: Sequence[Any], start: int = 0) -> tuple[int, int]:
-        count = nbytes = 0
+        if self.reader_closed_flag:
+            return 0, 0
+        room = self.capacity - (self.sent - self.acked)
+        end = start
+        nbytes = 0
         for i in range(start, len(payloads)):
-            if not self.try_write(payloads[i]):
+            n = len(payloads[i])
+            if n > self.max_payload:
+                if end == start:
+                    self.check_size(n)
+                break  # (the prefix goes first, as one by one)
+            if n + _HEADER > room:
                 break
-            count += 1
-            nbytes += len(payloads[i])
-        return count, nbytes
+            room -= n + _HEADER
+            nbytes += n
+            end = i + 1
+        if end > start:
+            self._t.send_records(payloads, start, end)  # one socket-lock round for all
+            self.sent += nbytes + _HEADER * (end - start)
+        return end - start, nbytes
 
     def used(self) -> int:
         return self.sent - self.acked
@@ -349,9 +334,14 @@ class NetTransport:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._efd = self._wake_r.fileno()
+        self._fd = int(sock.getsockopt(zmq.FD))
+        self._mon_fd = int(monitor.getsockopt(zmq.FD))
         self._ep = select.epoll()
-        for fd in (int(sock.getsockopt(zmq.FD)), int(monitor.getsockopt(zmq.FD)), self._efd):
+        for fd in (self._fd, self._mon_fd, self._efd):
             self._ep.register(fd, select.EPOLLIN)
+        # the socket was seen empty after the last operation on it: until its FD says
+        # otherwise, nothing waits (see "Waiting" in the module docstring)
+        self._seen_empty = False
         self.tx = NetWriter(self, peer_capacity)
         self.rx = NetReader(self, capacity)
         self.peer_pid = peer_pid
@@ -382,22 +372,48 @@ class NetTransport:
     # -- sending ----------------------------------------------------------------------
 
     def send_record(self, payload: Any, frames: Sequence[Any] | None) -> None:
-        sock = self._sock
         with self._lock:
             if self.gone or self._closed:
                 return  # into the void, as a ring write to a dead peer: drain() tells
-            try:
-                if frames:
-                    sock.send(payload, zmq.SNDMORE | zmq.NOBLOCK)
-                    last = len(frames) - 1
-                    for i, f in enumerate(frames):
-                        flags = zmq.NOBLOCK if i == last else zmq.SNDMORE | zmq.NOBLOCK
-                        sock.send(f, flags, copy=False)
-                else:
-                    sock.send(payload, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                self.gone = True  # no peer any more (PAIR without a pipe)
+            self._send_locked(payload, frames)
             self._after_op()
+
+    def send_records(self, payloads: Sequence[Any], start: int, end: int) -> None:
+        """Send ``payloads[start:end]`` in one round of the socket lock (as ``M``)."""
+        with self._lock:
+            if self.gone or self._closed:
+                return
+            i = start
+            while i < end and not self.gone:
+                p = payloads[i]
+                frames = getattr(p, "frames", None)
+                j = i + 1
+                if not frames:  # records without arrays go as one M message
+                    limit = min(end, i + _BATCH)
+                    while j < limit and not getattr(payloads[j], "frames", None):
+                        j += 1
+                if j - i < 2:
+                    self._send_locked(p, frames)
+                else:
+                    pieces = [b"M"]
+                    for q in payloads[i:j]:
+                        pieces += (_L.pack(len(q)), q)
+                    self._send_control_locked(b"".join(pieces))
+                i = j
+            self._after_op()
+
+    def _send_locked(self, payload: Any, frames: Sequence[Any] | None) -> None:
+        sock = self._sock
+        try:
+            if frames:
+                sock.send(payload, _MORE)
+                last = len(frames) - 1
+                for i, f in enumerate(frames):
+                    sock.send(f, _NOBLOCK if i == last else _MORE, copy=False)
+            else:
+                sock.send(payload, _NOBLOCK)
+        except zmq.ZMQError:
+            self.gone = True  # no peer any more (PAIR without a pipe)
 
     def send_control(self, body: bytes, *, wait: bool = True) -> bool:
         """Send one control message; ``wait=False`` (a finalizer): only if the socket
@@ -409,27 +425,36 @@ class NetTransport:
         try:
             if self.gone or self._closed:
                 return True
-            try:
-                self._sock.send_multipart((b"", body), zmq.NOBLOCK)
-                self.doorbells_sent += 1
-            except zmq.ZMQError:
-                self.gone = True
+            self._send_control_locked(body)
+            self.doorbells_sent += 1
             self._after_op()
             return True
         finally:
             self._lock.release()
 
-    def _after_op(self) -> None:
-        # an operation may have consumed the FD's signal while a message waits
+    def _send_control_locked(self, body: bytes) -> None:
         try:
-            if int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                self._ring_self()
+            self._sock.send(b"", _MORE)
+            self._sock.send(body, _NOBLOCK)
         except zmq.ZMQError:
             self.gone = True
 
     def wake(self) -> None:
         """Make :meth:`fileno` readable (any thread): something changed for the drivers."""
         self._ring_self()
+
+    def _after_op(self) -> None:
+        # an operation may have consumed the FD's signal while a message waits: ask
+        # EVENTS (which leaves the socket seen empty, or rings the eventfd)
+        try:
+            if int(self._sock.getsockopt(_EVENTS)) & _POLLIN:
+                self._seen_empty = False
+                self._ring_self()
+            else:
+                self._seen_empty = True
+        except zmq.ZMQError:
+            self._seen_empty = False
+            self.gone = True
 
     def _ring_self(self) -> None:
         efd = self._efd
@@ -453,30 +478,65 @@ class NetTransport:
                 self._news = False
                 self._ring_self()
 
-    def _pump_locked(self) -> None:
+    def _ready_fds(self) -> list[int]:
+        """The descriptors of the epoll set that are readable now (no wait)."""
+        if self._efd < 0:
+            return []  # closed
+        return [fd for fd, _ in self._ep.poll(0)]
+
+    def _pump_locked(self, signalled: bool | None = None) -> None:
+        # ``signalled``: whether the socket's FD is readable (None: look).  Read at once
+        # when signalled, else ask EVENTS first; EVENTS after a first message, then read
+        # a burst until the socket is empty
         if self._closed:
             return
-        sock = self._sock
         rx = self.rx
-        heard = False
         holder = self.holder
-        if holder is not None and holder.pending:
+        if holder is not None and holder.pending:  # NIXL reads done: deliver, in order
             try:
                 holder.settle(rx)
             except ProtocolError as exc:
                 self._fail(str(exc))
+        if self._seen_empty:
+            if signalled is None:
+                signalled = self._fd in self._ready_fds()
+            if not signalled:
+                return
+        probe = not signalled
+        self._seen_empty = False
+        heard = [False]
+        try:
+            self._read_burst(probe, holder, heard)
+        finally:
+            if heard[0]:
+                self.status.heard(self)
+
+    def _read_burst(self, probe: bool, holder: Any, heard: list[bool]) -> None:
+        sock = self._sock
+        rx = self.rx
+        burst = False
         while True:
             try:
-                first = sock.recv(zmq.NOBLOCK)
+                if probe and not int(sock.getsockopt(_EVENTS)) & _POLLIN:
+                    self._seen_empty = True
+                    return
+                frame = sock.recv(_NOBLOCK, copy=False)
+                first = frame.bytes
                 parts = []
-                while sock.getsockopt(zmq.RCVMORE):
-                    parts.append(sock.recv(zmq.NOBLOCK, copy=False))
+                while frame.more:  # (cheaper than asking RCVMORE)
+                    frame = sock.recv(_NOBLOCK, copy=False)
+                    parts.append(frame)
             except zmq.Again:
-                break
+                self._seen_empty = True
+                return
             except zmq.ZMQError:
                 self.gone = True
-                break
-            heard = True
+                return
+            heard[0] = True
+            if burst:
+                probe = False
+            else:
+                probe = burst = True  # one EVENTS after the first message, then reads
             if self._error is not None:
                 continue  # broken: the endpoint is told at its drain()
             if first:
@@ -498,9 +558,41 @@ class NetTransport:
             elif len(parts) != 1:
                 self._fail(f"a control message of {len(parts) + 1} frames")
             else:
-                self._control(parts[0].bytes)
-        if heard:
-            self.status.heard(self)
+                body = parts[0].bytes
+                if body[:1] == b"M":
+                    self._batch(body)
+                else:
+                    self._control(body)
+
+    def _batch(self, body: bytes) -> None:
+        rx = self.rx
+        if rx.writer_closed_flag:
+            return self._fail("a record arrived after the peer's end of stream")
+        got: list[tuple[bytes, list[Any]]] = []
+        i, end, room = 1, len(body), rx.capacity - rx.inbox_bytes
+        unpack = _L.unpack_from
+        while i < end:
+            if i + 4 > end:
+                return self._fail("a batch cut short in a record's length")
+            (k,) = unpack(body, i)
+            i += 4
+            if k == 0 or i + k > end:
+                return self._fail(f"a batch record of {k} bytes ({end - i} left)")
+            room -= k + _HEADER
+            if room < 0:
+                return self._fail("the peer sent a batch past its credit")
+            got.append((body[i : i + k], []))
+            i += k
+        if len(got) < 2:
+            return self._fail(f"a batch of {len(got)} record(s)")
+        holder = self.holder
+        if holder is not None and holder.pending:  # behind a record whose NIXL reads run
+            for first, parts in got:
+                holder.hold(first, parts)
+        else:
+            rx.inbox.extend(got)
+        rx.inbox_bytes = rx.capacity - room
+        return None
 
     def _fail(self, what: str) -> None:
         if self._error is None:
@@ -541,7 +633,7 @@ class NetTransport:
         mon = self._mon
         while True:
             try:
-                msg = mon.recv_multipart(zmq.NOBLOCK)
+                msg = mon.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError:
@@ -551,15 +643,16 @@ class NetTransport:
                 ev = parse_monitor_message(msg)
             except Exception:  # pragma: no cover - libzmq speaks its own format
                 continue
-            if ev["event"] in _GONE_EVENTS and (
+            if ev["event"] in GONE_EVENTS and (
                 self._peer_fd is None
-                or (int(ev["value"]) == self._peer_fd and ev["event"] not in _HANDSHAKE_FAILED)
+                or (int(ev["value"]) == self._peer_fd and ev["event"] not in HANDSHAKE_FAILED)
             ):
                 # the monitor's event may overtake the last messages of the pipe (libzmq
                 # throttles command processing): give the socket a moment to deliver
                 if not self.gone:
                     with contextlib.suppress(zmq.ZMQError):
                         self._sock.poll(10, zmq.POLLIN)
+                    self._seen_empty = False  # (the poll may have taken the FD's signal)
                     self._pump_locked()
                 self.gone = self._news = True
                 self._peer_left = True  # (the event is ours now: retire() cannot see it)
@@ -578,13 +671,16 @@ class NetTransport:
     def drain(self) -> bool:
         with self._lock:
             if self._efd >= 0:
-                try:
-                    while len(self._wake_r.recv(4096)) == 4096:
-                        pass
-                except OSError:
-                    pass  # nothing to read
-                self._pump_locked()
-                self._pump_monitor()
+                ready = self._ready_fds()
+                if self._efd in ready:
+                    try:
+                        while len(self._wake_r.recv(4096)) == 4096:
+                            pass
+                    except OSError:
+                        pass  # nothing to read
+                self._pump_locked(self._fd in ready)
+                if self._mon_fd in ready:
+                    self._pump_monitor()
                 self._news = False  # the caller wakes every waiter
         if self._error is not None:
             err, self._error = self._error, None
@@ -601,7 +697,8 @@ class NetTransport:
     def hung_up(self) -> bool:
         if not self.gone and not self._closed:
             with self._lock:
-                self._pump_monitor()
+                if self._mon_fd in self._ready_fds():
+                    self._pump_monitor()
                 if self._news:
                     self._news = False
                     self._ring_self()
@@ -626,86 +723,6 @@ class NetTransport:
             self._efd = -1
             self._wake_r.close()
             self._wake_w.close()
-
-
-MONITOR_EVENTS = (
-    zmq.EVENT_CONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CLOSED
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-
-
-_monitor_ids = itertools.count()
-
-
-def monitor_of(sock: zmq.Socket[Any], events: int = MONITOR_EVENTS) -> zmq.Socket[Any]:
-    """The monitor socket of ``sock`` (by default the events liveness needs).  Its pipe
-    has no high-water mark: libzmq's I/O thread sends monitor events blocking, so a
-    full pipe -- a flood of failed handshakes on a port nobody reads the monitor of --
-    would stop every socket of the context; unread events cost memory instead."""
-    addr = f"inproc://ringwire.monitor.{os.getpid()}.{next(_monitor_ids)}"
-    sock.monitor(addr, events)
-    mon = sock.context.socket(zmq.PAIR)
-    mon.setsockopt(zmq.RCVHWM, 0)
-    mon.setsockopt(zmq.LINGER, 0)
-    mon.connect(addr)
-    return mon
-
-
-def close_monitored(sock: zmq.Socket[Any], mon: zmq.Socket[Any], linger: int) -> None:
-    """Close ``sock`` and its monitor, in the only safe order: libzmq's I/O thread
-    sends monitor events blocking, so a monitor closed while its socket still emits
-    events (as it is torn down) would hang that thread -- and every socket of the
-    context with it.  The monitor is switched off first."""
-    try:
-        sock.disable_monitor()
-    except zmq.ZMQError:
-        pass
-    mon.close(0)
-    sock.close(linger)
-
-
-# Closed connections' sockets, kept open until the peer hung up too or for GRACE seconds:
-# libzmq drops what a peer had received but not yet read when the connection goes, so
-# a socket closed at once could take our last records, E and B with it.
-GRACE = 2.0
-_graveyard: list[tuple[zmq.Socket[Any], zmq.Socket[Any], float]] = []
-_graveyard_lock = threading.Lock()
-
-
-def retire(sock: zmq.Socket[Any], mon: zmq.Socket[Any], *, peer_left: bool = False) -> None:
-    """Close ``sock`` (and its monitor) once the peer is gone, or after :data:`GRACE`;
-    at once if ``peer_left`` (its monitor already said so)."""
-    with _graveyard_lock:
-        _graveyard.append((sock, mon, time.monotonic() + (0.0 if peer_left else GRACE)))
-    reap()
-
-
-def reap(everything: bool = False) -> None:
-    """Close the retired sockets whose peer is gone or whose grace is over."""
-    now = time.monotonic()
-    with _graveyard_lock:
-        keep = []
-        for sock, mon, until in _graveyard:
-            gone = everything or now >= until
-            while not gone:
-                try:
-                    ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
-                except zmq.ZMQError:
-                    gone = True
-                    break
-                gone = ev["event"] in _GONE_EVENTS and ev["event"] not in _HANDSHAKE_FAILED
-            if gone:
-                close_monitored(sock, mon, LINGER_MS)
-            else:
-                keep.append((sock, mon, until))
-        _graveyard[:] = keep
 
 
 def _ignore(parts: list[Any]) -> None:

@@ -64,7 +64,7 @@ from ringwire._conn import calls as calls_module
 from ringwire._wire.names import is_segment_name, name_pid
 
 try:
-    from ringwire._net import transport as net_transport
+    from ringwire._net import zmqlife as net_transport
 except ModuleNotFoundError:  # no pyzmq: the tcp:// runs skip
     net_transport = None  # type: ignore[assignment]
 
@@ -448,7 +448,7 @@ class Harness:
 
     async def tcp_settled(self, r: Round) -> None:
         """No TCP socket of ours is left beyond the listeners' (a closed connection's
-        socket is kept until its peer is gone or for transport.GRACE, then closed), and
+        socket is kept until its peer is gone or for zmqlife.GRACE, then closed), and
         no connection is left in the listener's fan-in."""
         deadline = time.monotonic() + net_transport.GRACE + 2.0
         while True:

@@ -775,7 +775,10 @@ def test_sync_pair_roundtrip_and_timeouts(kind):
             a.send_nowait(b"z" * 200)
         assert b.receive_many(1000, timeout=1) == [b"z" * 200] * n
         a.send_many(range(5))
-        assert b.receive_many(timeout=1) == [0, 1, 2, 3, 4]
+        got = b.receive_many(timeout=1)
+        while kind == "tcp" and len(got) < 5:  # TCP may deliver a batch in pieces
+            got += b.receive_many(timeout=1)
+        assert got == [0, 1, 2, 3, 4]
         a.send_eof()
         assert list(b) == []
         with pytest.raises(EndOfStream):

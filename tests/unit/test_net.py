@@ -212,3 +212,42 @@ async def test_forged_reference_is_a_decode_error() -> None:
             await b.receive()
         await a.send("next")
         assert await b.receive() == "next"
+
+
+async def test_send_many_goes_as_batches_in_order() -> None:
+    a, b = await tcp_pair(slots=BIG)
+    async with a, b:
+        x = np.arange(1 << 16, dtype=np.float32)  # an array: its record goes on its own
+        items = [*range(300), {"x": x}, *range(300, 600)]
+        await a.send_many(items)
+        got: list = []
+        while len(got) < len(items):
+            got += await b.receive_many(1000)
+        assert got[:300] == list(range(300)) and got[301:] == list(range(300, 600))
+        np.testing.assert_array_equal(got[300]["x"], x)
+        assert b.statistics().records_received == len(items)
+        del got
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"M" + (3).to_bytes(4, "big") + b"\x01\x02",  # a length past the end
+        b"M" + (1).to_bytes(4, "big") + b"\x01",  # one record only
+        b"M" + (0).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"\x01",  # an empty one
+        b"M" + (1).to_bytes(4, "big") + b"\x01\x00\x00",  # cut short in a length
+        b"M" + ((1 << 19).to_bytes(4, "big") + b"\x01" * (1 << 19)) * 2,  # past the credit
+    ],
+)
+async def test_lying_batch_breaks_only_that_connection(body: bytes) -> None:
+    a, b = await tcp_pair()
+    c, d = await tcp_pair()
+    async with a, b, c, d:
+        t = a._core.transport
+        with t._lock:
+            t._sock.send_multipart((b"", body))
+        with pytest.raises(anyio.BrokenResourceError):
+            with anyio.fail_after(5):
+                await b.receive()
+        await c.send_many([1, 2])
+        assert await d.receive() == 1 and await d.receive() == 2
