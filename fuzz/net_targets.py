@@ -85,9 +85,18 @@ def net_control(data: bytes) -> str:
 
 # ------------------------------------------------------- the transport's receive path
 
-# descriptors for the fakes' FD options (never readable: the fuzzer drains by hand)
-_SOCK_FD = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+# descriptors for the fakes' FD options: the socket's always readable (the transport
+# then reads until the fake says Again), the monitor's never
+_SOCK_FD = os.eventfd(1, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 _MON_FD = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+
+class _Frame(zmq.Frame):
+    more = False  # the last frame of its message
+
+
+class _FrameMore(zmq.Frame):
+    more = True  # more frames of its message follow
 
 
 class _FakeMonitor:
@@ -120,6 +129,8 @@ class _FakeSocket:
             return int(bool(self.cur))
         if opt == zmq.EVENTS:
             return zmq.POLLOUT | (zmq.POLLIN if self.queue or self.cur else 0)
+        if opt == zmq.HEARTBEAT_TIMEOUT:
+            return 3000
         raise AssertionError(f"getsockopt({opt})")
 
     def recv(self, flags: int = 0, copy: bool = True) -> Any:
@@ -128,7 +139,9 @@ class _FakeSocket:
                 raise zmq.Again()
             self.cur = deque(self.queue.popleft())
         frame = self.cur.popleft()
-        return frame if copy else zmq.Frame(frame)
+        if copy:
+            return frame
+        return _FrameMore(frame) if self.cur else _Frame(frame)
 
     def send(self, data: Any, flags: int = 0, copy: bool = True) -> None:
         self.sent.append([bytes(data)])
@@ -221,7 +234,24 @@ def _model(sent: int, msgs: list[list[bytes]]) -> tuple[int | None, int]:
             return i, records
         body = msg[1]
         k, rest = body[:1], body[1:]
-        if k == b"C" and len(rest) == 8:
+        if k == b"M":  # a batch: n x (u32 length, record), two records at least
+            if eof:
+                return i, records
+            pos, batch = 0, []
+            while pos < len(rest):
+                if pos + 4 > len(rest):
+                    return i, records
+                n = struct.unpack(">I", rest[pos : pos + 4])[0]
+                pos += 4
+                if n == 0 or pos + n > len(rest):
+                    return i, records
+                batch.append(n)
+                pos += n
+            if len(batch) < 2 or inbox + sum(n + 4 for n in batch) > LANE:
+                return i, records
+            inbox += sum(n + 4 for n in batch)
+            records += len(batch)
+        elif k == b"C" and len(rest) == 8:
             n = struct.unpack(">Q", rest)[0]
             if not acked <= n <= sent:
                 return i, records
@@ -397,7 +427,15 @@ def _transport_seeds() -> list[bytes]:
         _join(0, [[b"", b"C"], [b""], [b"", b"Q", b"x"]]),
         _join(0, [plain] * 150),  # past the lane's credit
         _join(0, [[b"", M.encode_control(b"A", "bye")], [b"", b"B"]]),
+        _join(0, [[b"", _batch([b"\x01", b"\x02", plain[0]])], plain]),  # a send_many batch
+        _join(0, [[b"", _batch([b"\x01"])], [b"", _batch([b"\x01", b""])]]),  # 1; an empty one
+        _join(0, [[b"", _batch([b"x" * 300] * 4)]]),  # a batch past the credit
     ]
+
+
+def _batch(records: list[bytes]) -> bytes:
+    """An ``M`` message body: n x (u32 length, record)."""
+    return b"M" + b"".join(struct.pack(">I", len(r)) + r for r in records)
 
 
 def _hello(**kw: Any) -> bytes:

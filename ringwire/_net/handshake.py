@@ -281,13 +281,16 @@ def client_handshake(
         if hello.nixl and reply.nixl:
             link = _nixl_link(slots, reply.budget)
         _send_now(pair, [b"", b"H" + reply.token + session + (link.note() if link else b"")])
+        tcp_fd = None  # the connection's descriptor (its addresses go to inspect's row)
         while not _recv_ready(pair):
             check_listener()
-            for event, value in _events(pmon):  # (before the K: nothing the transport needs)
+            for event, value in _events(pmon):
                 if event & FAILED_EVENTS:
                     raise client_refusal(event, value, url, keys)
                 if event == zmq.EVENT_DISCONNECTED:
                     raise HandshakeError(f"the listener at {url} closed the attach")
+                if event == zmq.EVENT_CONNECTED:
+                    tcp_fd = value
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the listener at {url} did not answer the attach (timeout)")
             yield pair, min(deadline, time.monotonic() + _STEP)
@@ -309,6 +312,8 @@ def client_handshake(
             link=link,
             peer_note=ok[1][1:],
         )
+        if tcp_fd is not None:
+            t.status.endpoints(tcp_fd)
         done = True
         return t
     finally:

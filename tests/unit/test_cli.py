@@ -131,8 +131,11 @@ def test_inspect_on_this_host_names_every_process_it_counts() -> None:
 # -- TCP connections (their status table) ----------------------------------------------------
 
 
-def test_inspect_lists_tcp_connections_and_forgets_closed_ones() -> None:
+def test_inspect_lists_tcp_connections_and_forgets_closed_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pytest.importorskip("zmq")
+    monkeypatch.setenv("RINGWIRE_NIXL", "0")  # the array as a ZeroMQ frame: its bytes out
     import anyio
     import numpy as np
 
@@ -153,7 +156,9 @@ def test_inspect_lists_tcp_connections_and_forgets_closed_ones() -> None:
             big = np.ones(100_000, np.uint8)  # out: an array beside the record
             await client.send({"big": big})
             await client.send({"n": 3})
-            await anyio.sleep(0.2)  # both arrive: unread at the server
+            await anyio.sleep(0.2)  # both arrive ...
+            got = await server.receive()  # ... the server pulls both, reads one (held)
+            assert got["big"].nbytes == 100_000
             await server.send("pong")  # the client hears from the server
             assert await client.receive() == "pong"
             report = _cli.scan(pid=os.getpid())
@@ -167,6 +172,7 @@ def test_inspect_lists_tcp_connections_and_forgets_closed_ones() -> None:
             assert c["peer_pid"] == s["peer_pid"] == os.getpid()
             assert c["in_flight_bytes"] > 0  # sent, not yet credited (the server has not read)
             assert c["array_bytes_out"] == 100_000 and c["array_budget"] == 4 << 20
+            # (as of the pull that took both in: the row is written when records arrive)
             assert s["inbox_records"] == 2 and s["inbox_bytes"] > 0
             assert c["heartbeat_s"] == 2.0 and 0 <= c["heard_s_ago"] < 5
             assert c["heard_s_ago"] <= c["message_s_ago"]
@@ -177,8 +183,8 @@ def test_inspect_lists_tcp_connections_and_forgets_closed_ones() -> None:
             assert "TCP connections:" in text and c["peer"] in text
             assert "TCP connection" in text.splitlines()[0]
             json.dumps(report)  # --json works
-            for _ in range(2):
-                await server.receive()
+            assert await server.receive() == {"n": 3}
+            del got
             await client.aclose()
             await server.aclose()
             assert ours(_cli.scan(pid=os.getpid())) == []  # closed: the rows are gone
