@@ -76,17 +76,18 @@ def kind_of(record: Any) -> str | None:
 
 def net_keys(keys: Any, call: Any) -> dict[str, Any]:
     """The keyword that passes ``keys`` (CURVE key material) to ``call``
-    (:func:`ringwire.listen` / :func:`ringwire.connect`): ``{}`` without keys.  Keys
-    are the transport's business; the runtime hands them through untouched.  Raises
-    ``ValueError`` when ``call`` takes no keys (this ringwire has no CURVE yet)."""
+    (:class:`ringwire.Listener`: a :class:`ringwire.ServerKeys`; :func:`ringwire.connect`:
+    a :class:`ringwire.ClientKeys`): ``{}`` without keys.  The files are the transport's
+    business (it checks them); the kind is checked here, so that a topology or a join
+    given the wrong one fails when it is made.  Raises ``TypeError`` for another kind."""
     if keys is None:
         return {}
-    import inspect
-
-    if "keys" not in inspect.signature(call).parameters:
-        raise ValueError(
-            f"keys={keys!r}: this ringwire's TCP transport does not take keys yet (CURVE "
-            "is not implemented); leave keys=None, and bind loopback or pass insecure=True"
+    want = ringwire.ServerKeys if call is ringwire.Listener else ringwire.ClientKeys
+    if not isinstance(keys, want):
+        side = "a topology's (its listener's)" if want is ringwire.ServerKeys else "a join's"
+        raise TypeError(
+            f"keys={keys!r}: {side} keys must be ringwire.{want.__name__}(...) "
+            "(make a pair with python -m ringwire keygen DIR)"
         )
     return {"keys": keys}
 
