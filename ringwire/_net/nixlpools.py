@@ -338,6 +338,9 @@ class Link:
         while pending and pending[0].left == 0:
             held = pending.popleft()
             if held.error is not None:
+                # the connection breaks here: nothing after this record may be delivered
+                # (a later record whose reads finished would otherwise leave a gap)
+                pending.clear()
                 raise ProtocolError(
                     f"a NIXL read of {held.nbytes} bytes from {self.peer_name} failed: {held.error}"
                 )
