@@ -30,7 +30,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -273,3 +273,35 @@ def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
         else:
             info[name] = getattr(mod, "__version__", "unknown")
     return info
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """``preexec_fn`` of a benchmark's child: SIGKILL when this process dies
+    (``PR_SET_PDEATHSIG``), so an interrupted run leaves no peer behind."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+async def interleaved_async(
+    peers: dict[str, Callable[[], Awaitable[list[int]]]], *, rounds: int, warmup: int
+) -> dict[str, list[int]]:
+    """Run one round of each (async) peer per turn, the first one rotated every turn,
+    with the collector off; the samples of the ``warmup`` first turns are dropped."""
+    import gc
+
+    names = list(peers)
+    samples: dict[str, list[int]] = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        gc.collect()
+        gc.disable()
+        try:
+            for j in range(len(names)):
+                name = names[(r + j) % len(names)]
+                got = await peers[name]()
+                if r >= warmup:
+                    samples[name].extend(got)
+        finally:
+            gc.enable()
+    return samples

@@ -22,8 +22,6 @@ Children die with this process (``PR_SET_PDEATHSIG``) and are killed and reaped 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import signal
 import socket
 import subprocess
 import sys
@@ -31,14 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perf._common import die_with_parent
+
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCERS = 4
 BATCH = 256
 RECORD_BODY = "x" * 80
-
-
-def _pdeathsig() -> None:  # pragma: no cover - runs in the child
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def spawn(call: str, *, stdin: bool = False) -> subprocess.Popen[bytes]:
@@ -46,7 +42,7 @@ def spawn(call: str, *, stdin: bool = False) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-c", f"import perf._tcp_more as m; m.{call}"],
         cwd=ROOT,
-        preexec_fn=_pdeathsig,
+        preexec_fn=die_with_parent,
         stdin=subprocess.PIPE if stdin else None,
     )
 

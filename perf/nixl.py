@@ -39,11 +39,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import gc
 import json
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -56,7 +53,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from perf._common import format_table, format_targets, machine_info, summarize
+from perf._common import (
+    die_with_parent,
+    format_table,
+    format_targets,
+    interleaved_async,
+    machine_info,
+    summarize,
+)
 
 MiB = 1 << 20
 SIZES = (64 * MiB, 256 * MiB)
@@ -152,14 +156,11 @@ def _child_nixl(port: int) -> None:  # pragma: no cover - child
 
 
 def _spawn(kind: str, arg: Any, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    def pdeathsig() -> None:  # pragma: no cover - runs in the child
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
     code = f"import perf.nixl as m; m._child_{kind}({arg!r})"
     return subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=Path(__file__).resolve().parent.parent,
-        preexec_fn=pdeathsig,
+        preexec_fn=die_with_parent,
         env={**os.environ, **(env or {})},
     )
 
@@ -259,25 +260,6 @@ class _Bare:
 # -- timing ----------------------------------------------------------------------------------
 
 
-async def _interleaved(
-    peers: dict[str, Callable[[], Awaitable[list[int]]]], *, rounds: int, warmup: int
-) -> dict[str, list[int]]:
-    names = list(peers)
-    samples: dict[str, list[int]] = {n: [] for n in names}
-    for r in range(warmup + rounds):
-        gc.collect()
-        gc.disable()
-        try:
-            for j in range(len(names)):
-                name = names[(r + j) % len(names)]
-                got = await peers[name]()
-                if r >= warmup:
-                    samples[name].extend(got)
-        finally:
-            gc.enable()
-    return samples
-
-
 FLOOR = "socket floor (sendall / recv_into)"
 RW_NIXL = "ringwire NIXL send (one copy into the arena)"
 
@@ -295,7 +277,7 @@ async def _run(mode: dict[str, int]) -> dict[str, Any]:
         for size in SIZES:
             arr = np.full(size, 7, np.uint8)
             peers = _peers(nx, zq, floor, bare, arr)
-            s = await _interleaved(peers, rounds=mode["rounds"], warmup=mode["warmup"])
+            s = await interleaved_async(peers, rounds=mode["rounds"], warmup=mode["warmup"])
             res[f"{size // MiB} MiB"] = {n: _stats_ms(v) for n, v in s.items()}
             del arr, s
         res["nixl_sent"] = nx.sent_through_nixl()

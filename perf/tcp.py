@@ -44,11 +44,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import gc
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -60,7 +57,14 @@ if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from perf import _tcp_more as more
-from perf._common import format_table, format_targets, machine_info, summarize
+from perf._common import (
+    die_with_parent,
+    format_table,
+    format_targets,
+    interleaved_async,
+    machine_info,
+    summarize,
+)
 
 MiB = 1 << 20
 RECORD = {"seq": 0, "body": "x" * 80}  # ~100 bytes of msgpack
@@ -155,14 +159,11 @@ def _child_zmq(url: str) -> None:  # pragma: no cover - child
 
 
 def _spawn(kind: str, url: str) -> subprocess.Popen[bytes]:
-    def pdeathsig() -> None:  # pragma: no cover - runs in the child
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
     code = f"import perf.tcp as m; m._child_{kind}({url!r})"
     return subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=Path(__file__).resolve().parent.parent,
-        preexec_fn=pdeathsig,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -298,27 +299,6 @@ class _Zmq:
 # -- timing --------------------------------------------------------------------------------
 
 
-async def _interleaved(
-    peers: dict[str, Callable[[], Awaitable[list[int]]]], *, rounds: int, warmup: int
-) -> dict[str, list[int]]:
-    """Run one round of each peer per turn, the first one rotated every turn; the
-    samples of the ``warmup`` first turns are dropped."""
-    names = list(peers)
-    samples: dict[str, list[int]] = {n: [] for n in names}
-    for r in range(warmup + rounds):
-        gc.collect()
-        gc.disable()
-        try:
-            for j in range(len(names)):
-                name = names[(r + j) % len(names)]
-                got = await peers[name]()
-                if r >= warmup:
-                    samples[name].extend(got)
-        finally:
-            gc.enable()
-    return samples
-
-
 def _ratio_text(r: float) -> str:
     return f"{r:.3f}×" if r < 1 else f"{r:.2f}×"
 
@@ -336,7 +316,7 @@ async def _run(mode: dict[str, int]) -> dict[str, Any]:
         res: dict[str, Any] = {}
 
         # (a) round trip
-        s = await _interleaved(
+        s = await interleaved_async(
             {rw.name: lambda: rw.rt(mode["rt"]), zq.name: lambda: zq.rt(mode["rt"])}, **kw
         )
         res["rt_100B_us"] = {n: _stats_us(v) for n, v in s.items()}
@@ -348,7 +328,7 @@ async def _run(mode: dict[str, int]) -> dict[str, Any]:
             "zmq send loop",
             f"zmq send_multipart ({BATCH})",
         )
-        s = await _interleaved(
+        s = await interleaved_async(
             {
                 names[0]: lambda: rw.throughput(recs),
                 names[1]: lambda: zq.throughput_loop(recs),
@@ -366,7 +346,7 @@ async def _run(mode: dict[str, int]) -> dict[str, Any]:
         for size in SIZES:
             arr = np.full(size, 7, np.uint8)
             h = int(max(2, mode["handoffs"] // (size // SIZES[0]) ** 0.5))
-            s = await _interleaved(_handoff_peers(rw, zq, arr, h), **kw)
+            s = await interleaved_async(_handoff_peers(rw, zq, arr, h), **kw)
             res["handoff_ms"][f"{size // MiB} MiB"] = {n: _stats_ms(v) for n, v in s.items()}
             del arr, s
 
@@ -379,7 +359,7 @@ async def _run(mode: dict[str, int]) -> dict[str, Any]:
         peers = _handoff_peers(rw, zq, big, h)
         peers[ZMQ_COPY] = lambda: zq.handoff(big, h, "c")
         peers[floor.name] = lambda: floor.handoff(big, h)
-        s = await _interleaved(peers, rounds=mode["big_rounds"], warmup=1)
+        s = await interleaved_async(peers, rounds=mode["big_rounds"], warmup=1)
         res["bandwidth_256MiB_ms"] = {n: _stats_ms(v) for n, v in s.items()}
         del s, peers
 
@@ -389,7 +369,7 @@ async def _run(mode: dict[str, int]) -> dict[str, Any]:
             opened.append(f)
             await f.open()
         n = mode["fan"]
-        s = await _interleaved({f.name: (lambda f=f: f.round(n)) for f in fans}, **kw)
+        s = await interleaved_async({f.name: (lambda f=f: f.round(n)) for f in fans}, **kw)
         res["fanin_100B_rps"] = {
             name: {"median_rps": n / (summarize(v).median_ns / 1e9), "rounds": len(v)}
             for name, v in s.items()
@@ -610,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short runs (< 40 s)")
     ap.add_argument("--json", default="perf/results/tcp.json", help="where the JSON goes")
     args = ap.parse_args(argv)
+    # the rows say "Ext 20 frame": measure the ZeroMQ frames even where nixl-cu12 is
+    # installed (perf/nixl.py has the NIXL rows); the children inherit it
+    os.environ.setdefault("RINGWIRE_NIXL", "0")
     try:
         import zmq  # noqa: F401
     except ImportError:

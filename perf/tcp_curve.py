@@ -32,24 +32,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import gc
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from perf._common import format_table, format_targets, machine_info, summarize
+from perf._common import (
+    die_with_parent,
+    format_table,
+    format_targets,
+    interleaved_async,
+    machine_info,
+    summarize,
+)
 
 MiB = 1 << 20
 RECORD = {"seq": 0, "body": "x" * 80}  # ~100 bytes of msgpack
@@ -122,14 +125,11 @@ def _child_zmq(url: str, server: str) -> None:  # pragma: no cover - child
 
 
 def _spawn(*args: str, kind: str = "") -> subprocess.Popen[bytes]:
-    def pdeathsig() -> None:  # pragma: no cover - runs in the child
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
     code = f"import perf.tcp_curve as m; m._child{kind}{args!r}"
     return subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=Path(__file__).resolve().parent.parent,
-        preexec_fn=pdeathsig,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -263,27 +263,6 @@ class _Zmq:
 # -- timing --------------------------------------------------------------------------------
 
 
-async def _interleaved(
-    peers: dict[str, Callable[[], Awaitable[list[int]]]], *, rounds: int, warmup: int
-) -> dict[str, list[int]]:
-    """One round of each peer per turn, the first one rotated every turn; the samples
-    of the ``warmup`` first turns are dropped."""
-    names = list(peers)
-    samples: dict[str, list[int]] = {n: [] for n in names}
-    for r in range(warmup + rounds):
-        gc.collect()
-        gc.disable()
-        try:
-            for j in range(len(names)):
-                name = names[(r + j) % len(names)]
-                got = await peers[name]()
-                if r >= warmup:
-                    samples[name].extend(got)
-        finally:
-            gc.enable()
-    return samples
-
-
 def _stats(v: list[int], scale: float) -> dict[str, float]:
     st = summarize(v)
     return {"median": st.median_ns / scale, "p99": st.p99_ns / scale, "n": st.n}
@@ -309,16 +288,16 @@ async def _run(mode: dict[str, int], keydir: Path) -> dict[str, Any]:
             opened.append(p)
         kw = dict(rounds=mode["rounds"], warmup=mode["warmup"])
         res: dict[str, Any] = {}
-        s = await _interleaved({p.name: (lambda p=p: p.rt(mode["rt"])) for p in opened}, **kw)
+        s = await interleaved_async({p.name: (lambda p=p: p.rt(mode["rt"])) for p in opened}, **kw)
         res["rt_100B_us"] = {n: _stats(v, 1e3) for n, v in s.items()}
         arr = np.full(SIZE, 7, np.uint8)
-        s = await _interleaved(
+        s = await interleaved_async(
             {p.name: (lambda p=p, a=arr: p.handoff(a, mode["handoffs"])) for p in opened}, **kw
         )
         res["handoff_64MiB_ms"] = {n: _stats(v, 1e6) for n, v in s.items()}
         del arr
         ours = [p for p in opened if isinstance(p, _Peer)]  # (the bare peers: no listener)
-        s = await _interleaved(
+        s = await interleaved_async(
             {p.name: (lambda p=p: p.connect(mode["connects"])) for p in ours}, **kw
         )
         res["connect_ms"] = {n: _stats(v, 1e6) for n, v in s.items()}
