@@ -96,6 +96,15 @@ def _netns_names() -> set[str]:
         return set()
 
 
+@pytest.fixture(autouse=True)
+def zeromq_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the ZeroMQ frames across a real link, NIXL off (the
+    children inherit it).  NIXL across the two namespaces is an open bug: UCX there
+    may find no route to the peer ("Destination is unreachable"), the agent's
+    loadRemoteMD fails, and the connection breaks instead of falling back to frames."""
+    monkeypatch.setenv("RINGWIRE_NIXL", "0")
+
+
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
     tag = secrets.token_hex(3)
@@ -216,6 +225,8 @@ def _line(h: Hosts, proc: subprocess.Popen[str], key: str, timeout: float = 30.0
             line = None
         if line is None:
             break
+        if not line.startswith("{"):
+            continue  # (a library's own log line: UCX writes its errors to stdout)
         d = json.loads(line)
         if key in d:
             return d

@@ -182,6 +182,13 @@ def _json_line(h: Hosts, proc: subprocess.Popen[str], key: str) -> dict[str, obj
     pytest.fail(f"no {key!r} line (rc {proc.returncode}): {proc.stderr.read()[-3000:]}")
 
 
+@pytest.fixture
+def frames_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NIXL off across the namespaces (see process.test_net_hosts.zeromq_frames)."""
+    monkeypatch.setenv("RINGWIRE_NIXL", "0")
+
+
+@pytest.mark.usefixtures("frames_only")
 def test_a_keyed_listener_on_a_real_address_across_namespaces(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
