@@ -189,10 +189,12 @@ class Broadcaster(_Common):
             loop.close()
 
     async def _maybe_yield(self) -> None:
+        # shielded: the operation is done (a record taken, or sent), and a cancellation
+        # raised here would lose the record or make the caller send it twice
         self._fast_ops += 1
         if self._fast_ops >= _YIELD_EVERY:
             self._fast_ops = 0
-            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.cancel_shielded_checkpoint()
 
     # -- sending ------------------------------------------------------------------------
 

@@ -271,7 +271,7 @@ class Endpoint:
         if self.broken is None:
             self.broken = exc
             self.tx_blocked = True
-            logger.warning("ringwire connection to pid %s broken: %s", self.peer_pid, exc)
+            logger.warning("ringwire connection to pid %s broken: %s", self.peer_pid, str(exc))
             if self.pool is not None:
                 self.pool.reclaim()  # nothing is sent on this connection any more
             self.transport.abort(f"{type(exc).__name__}: {exc}")

@@ -159,7 +159,7 @@ class _ListenerBase:
         return Endpoint(transport, type=self._type, spin_us=self._spin_us, name=self.path)
 
     def _log_refusal(self, exc: BaseException) -> None:
-        logger.warning("ringwire listener %s refused a connection: %s", self.path, exc)
+        logger.warning("ringwire listener %s refused a connection: %s", self.path, str(exc))
 
     def _remove_socket(self, sock: socket.socket) -> None:
         sock.close()
@@ -338,7 +338,7 @@ class Listener(_ListenerBase):
             except OSError as exc:  # EMFILE and friends: back off, keep listening
                 if exc.errno in (errno.EBADF, errno.EINVAL):
                     return
-                logger.warning("ringwire listener %s: accept failed: %s", self.path, exc)
+                logger.warning("ringwire listener %s: accept failed: %s", self.path, str(exc))
                 await anyio.sleep(0.1)
                 continue
             conn_sock.setblocking(False)
@@ -422,11 +422,13 @@ class Listener(_ListenerBase):
             self._ended += 1
         else:
             self._broken += 1
+            # (the text, not the exception: a handler that keeps records would keep its
+            # traceback's frames, and the records and arrays in them, alive)
             logger.warning(
                 "ringwire listener %s dropped the connection from pid %s: %s",
                 self.path,
                 conn.core.peer_pid,
-                exc,
+                str(exc),
             )
             conn.core.abort(f"{type(exc).__name__}: {exc}")  # the sender learns why
         conn.chan.close()
@@ -559,10 +561,12 @@ class Listener(_ListenerBase):
                 core.unpark_rx()
 
     async def _maybe_yield(self) -> None:
+        # shielded: the operation is done (a record taken, or sent), and a cancellation
+        # raised here would lose the record or make the caller send it twice
         self._fast_ops += 1
         if self._fast_ops >= _YIELD_EVERY:
             self._fast_ops = 0
-            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.cancel_shielded_checkpoint()
 
     def receive_nowait(self) -> tuple[Channel, Any]:
         if self._closed:

@@ -46,6 +46,13 @@ class ChannelStatistics:
     releases_pending: int = 0
     cuda_tensors_received: int = 0
     cuda_pools_opened: int = 0  # the peer's GPU pools mapped here (once per device)
+    # how arrays travel: "slots" (shared memory on this host), over TCP "frames" (ZeroMQ
+    # frames, Ext 20) or "nixl" (NIXL reads, Ext 21); nixl_off: why a TCP connection's
+    # arrays do not go through NIXL ("" where they may)
+    tensor_path: str = "slots"
+    nixl_off: str = ""
+    nixl_arrays_sent: int = 0
+    nixl_arrays_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ def channel_statistics(core: Endpoint) -> ChannelStatistics:
         receive_parks=core.recv_parks,
         doorbells_sent=t.doorbells_sent,
         doorbells_received=t.doorbells_received,
+        tensor_path=getattr(t, "tensor_path", "slots"),
+        nixl_off=getattr(t, "nixl_off", ""),
         **_slot_statistics(core),
     )
 
@@ -100,4 +109,5 @@ def _slot_statistics(core: Endpoint) -> dict[str, Any]:
         out["releases_pending"] = len(peer.queue)
         out["cuda_tensors_received"] = peer.cuda_received
         out["cuda_pools_opened"] = peer.cuda_opens
+        out["nixl_arrays_received"] = getattr(peer, "nixl_received", 0)
     return out

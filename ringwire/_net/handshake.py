@@ -15,7 +15,10 @@ Both hello and welcome end with ``nixl``: what the side can do with NIXL
 only when both said something (:mod:`.nixlpools`), and as ZeroMQ frames otherwise.
 Then each side's NIXL note (agent metadata, regions) rides at the end of the attach
 and of its answer (``H`` ... note, ``K`` note), so that both know the other's before
-the first record.
+the first record; a side that cannot load the other's note turns NIXL off for that
+connection and says so (``K O`` + why from the listener, ``O`` + why from the
+client; the client confirms a loaded note with ``Y``), and the tensors travel as
+frames (the table in :mod:`.nixlpools`).
 
 With keys (:mod:`.keys`) every one of these sockets runs CURVE and the listener admits
 only its listed clients; a refusal is an error on the client at once and a logged
@@ -53,6 +56,7 @@ from .messages import (
     Refuse,
     Welcome,
     check_attach,
+    check_attach_answer,
     check_hello,
     check_welcome,
     decode_rendezvous,
@@ -137,13 +141,14 @@ def _make_transport(
     address: str,
     slots: SlotConfig | None,
     link: Any = None,
-    peer_note: bytes = b"",
+    nixl_off: str = "",
 ) -> NetTransport:
     def pools(t: NetTransport) -> tuple[Any, Any, Any]:
+        t.nixl_off = nixl_off
         if link is not None:
             from .nixlpools import nixl_pools
 
-            return nixl_pools(t, link, slots, peer_capacity, peer_note)
+            return nixl_pools(t, link, slots, peer_capacity)
         send = None
         if slots is not None:
             send = NetSendPool(slots, t.releases, peer_capacity // 2 - 1024)
@@ -172,6 +177,38 @@ def _nixl_link(slots: SlotConfig | None, peer_budget: int) -> Any:
     from .nixlpools import prepare
 
     return prepare(_budget(slots), min(peer_budget, MAX_BUDGET))
+
+
+def _drop_link(link: Any) -> None:
+    link.close_send(False)
+    link.close_recv()
+
+
+def _load_note(link: Any, note: bytes, peer: str) -> str:
+    """Load the peer's NIXL note into ``link``: ``""``, or why NIXL is off on this
+    connection (logged; the link is closed then).  :class:`HandshakeError` for a
+    malformed note."""
+    from .._errors import ProtocolError
+    from .nixlpools import Unreachable
+
+    try:
+        link.load(note)
+    except Unreachable as exc:
+        _drop_link(link)
+        why = str(exc)
+        nixl.logger.warning(
+            "NIXL is off on the connection with %s (tensors travel as ZeroMQ frames): %s",
+            peer,
+            why,
+        )
+        return why
+    except ProtocolError as exc:
+        raise HandshakeError(f"{peer} sent a bad NIXL note: {exc}") from None
+    return ""
+
+
+def _no_nixl_here() -> str:
+    return f"no NIXL in this process ({nixl.why_not() or 'nixl-cu12 is not installed'})"
 
 
 # -- the client ------------------------------------------------------------------------
@@ -278,7 +315,12 @@ def client_handshake(
             secure_client(pair, keys)
         pmon = monitor_of(pair)
         pair.connect(Address(addr.host, reply.port).url)
-        if hello.nixl and reply.nixl:
+        nixl_off = (
+            _no_nixl_here()
+            if not hello.nixl
+            else (f"the listener at {url} offered no NIXL" if not reply.nixl else "")
+        )
+        if not nixl_off:
             link = _nixl_link(slots, reply.budget)
         _send_now(pair, [b"", b"H" + reply.token + session + (link.note() if link else b"")])
         tcp_fd = None  # the connection's descriptor (its addresses go to inspect's row)
@@ -294,12 +336,26 @@ def client_handshake(
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the listener at {url} did not answer the attach (timeout)")
             yield pair, min(deadline, time.monotonic() + _STEP)
-        ok = pair.recv_multipart()
-        if len(ok) != 2 or ok[0] != b"" or ok[1][:1] != b"K" or (len(ok[1]) > 1 and not link):
-            if len(ok) == 2 and ok[0] == b"" and ok[1][:1] == b"A":
-                reason = ok[1][1:].decode("utf-8", "replace")
-                raise HandshakeError(f"the listener at {url} refused the attach: {reason}")
-            raise HandshakeError(f"the listener at {url} answered the attach with {ok!r:.200}")
+        kind, value = check_attach_answer(pair.recv_multipart(), url, link is not None)
+        if link is not None and kind == b"N":
+            nixl_off = _load_note(link, value, f"the listener at {url}")
+            # (first on the connection: the listener sends through NIXL only after Y)
+            _send_now(pair, [b"", encode_control(b"O", nixl_off) if nixl_off else b"Y"])
+        elif link is not None:
+            nixl_off = (
+                f"the listener at {url} could not use NIXL with this side: {value}"
+                if kind == b"O"
+                else f"the listener at {url} took no NIXL"
+            )
+            nixl.logger.warning(
+                "NIXL is off on the connection with the listener at %s (tensors travel as "
+                "ZeroMQ frames): %s",
+                url,
+                nixl_off,
+            )
+            _drop_link(link)
+        if nixl_off:
+            link = None
         t = _make_transport(
             pair,
             pmon,
@@ -310,7 +366,7 @@ def client_handshake(
             address=url,
             slots=slots,
             link=link,
-            peer_note=ok[1][1:],
+            nixl_off=nixl_off,
         )
         if tcp_fd is not None:
             t.status.endpoints(tcp_fd)
@@ -321,8 +377,7 @@ def client_handshake(
         if not done and pair is not None and pmon is not None:
             close_monitored(pair, pmon, 0)
         if not done and link is not None:
-            link.close_send(False)
-            link.close_recv()
+            _drop_link(link)
 
 
 # -- the listener ----------------------------------------------------------------------
@@ -564,9 +619,35 @@ class NetAcceptor:
                 f"the attach on the port given to pid {p.hello.pid} on {p.hello.host!r} "
                 "came with another CURVE key than its hello"
             )
-        link = _nixl_link(self._slots, p.hello.budget) if p.nixl and peer_note else None
-        sock.send_multipart((b"", b"K" + (link.note() if link else b"")), zmq.NOBLOCK)
         host = f"{p.hello.host} pid {p.hello.pid}"
+        peer = f"client pid {p.hello.pid} on {p.hello.host!r}"
+        link = None
+        if not p.hello.nixl:
+            nixl_off = f"{peer} offered no NIXL"
+        elif not p.nixl:
+            nixl_off = _no_nixl_here()
+        else:
+            nixl_off = "" if peer_note else f"{peer} sent no NIXL note"
+        answer = b"K"
+        if not nixl_off:
+            link = _nixl_link(self._slots, p.hello.budget)
+            try:
+                nixl_off = _load_note(link, peer_note, peer)
+            except BaseException:
+                _drop_link(link)
+                raise
+            if nixl_off:
+                link = None
+                answer = b"K" + encode_control(b"O", nixl_off)
+            else:
+                link.confirmed = False  # until the client loaded ours: its Y
+                answer = b"K" + link.note()
+        try:
+            sock.send_multipart((b"", answer), zmq.NOBLOCK)
+        except BaseException:
+            if link is not None:
+                _drop_link(link)
+            raise
         return _make_transport(
             sock,
             p.mon,
@@ -577,7 +658,7 @@ class NetAcceptor:
             address=f"{self.url} <- {host}",
             slots=self._slots,
             link=link,
-            peer_note=peer_note,
+            nixl_off=nixl_off,
         )
 
     def _forget(self, p: _Pending) -> None:

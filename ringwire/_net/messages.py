@@ -11,7 +11,8 @@ the very code the connections run:
 * the rendezvous messages (:class:`Hello`, :class:`Welcome`, :class:`Refuse`,
   msgpack) and the attach (``H`` + token + session id, answered by ``K``):
   :func:`decode_rendezvous`, :func:`check_hello`, :func:`check_welcome`,
-  :func:`check_attach`, each raising :class:`~ringwire.HandshakeError`.
+  :func:`check_attach`, :func:`check_attach_answer`, each raising
+  :class:`~ringwire.HandshakeError`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "Refuse",
     "Welcome",
     "check_attach",
+    "check_attach_answer",
     "check_credit",
     "check_hello",
     "check_welcome",
@@ -45,7 +47,8 @@ MAX_REASON = 2000  # bytes of an abort's reason kept
 MAX_BUDGET = 1 << 40  # the largest send budget a peer may announce (for MAXMSGSIZE)
 SESSION = TOKEN = 16  # bytes of a session id and of an attach token
 _Q = struct.Struct(">Q")
-_EMPTY_BODY = (b"E", b"X", b"B", b"K")
+_EMPTY_BODY = (b"E", b"X", b"B", b"K", b"Y")
+_REASON_BODY = (b"A", b"O")
 
 
 # -- a connection's control messages ----------------------------------------------------
@@ -53,8 +56,8 @@ _EMPTY_BODY = (b"E", b"X", b"B", b"K")
 
 def parse_control(body: bytes) -> tuple[bytes, Any]:
     """``(kind, value)`` of a control message body: ``C`` -> the credit (int), ``R`` ->
-    a list of ``(tag, generation)``, ``A`` -> the reason (str), ``H`` -> ``(token,
-    session)``, ``E`` / ``X`` / ``B`` / ``K`` -> ``None``.  Raises
+    a list of ``(tag, generation)``, ``A`` / ``O`` -> the reason (str), ``H`` ->
+    ``(token, session)``, ``E`` / ``X`` / ``B`` / ``K`` / ``Y`` -> ``None``.  Raises
     :class:`ProtocolError` for anything else."""
     kind, rest = body[:1], body[1:]
     if kind == b"C":
@@ -66,7 +69,7 @@ def parse_control(body: bytes) -> tuple[bytes, Any]:
             raise ProtocolError(f"a release message of {len(rest)} bytes")
         vals = struct.unpack(f">{len(rest) // 8}Q", rest)
         return kind, list(zip(vals[::2], vals[1::2]))
-    if kind == b"A":
+    if kind in _REASON_BODY:
         return kind, rest[:MAX_REASON].decode("utf-8", "replace") or "no reason given"
     if kind in _EMPTY_BODY:
         if rest:
@@ -86,7 +89,7 @@ def encode_control(kind: bytes, value: Any = None) -> bytes:
     if kind == b"R":
         flat = [x for pair in value for x in pair]
         return kind + struct.pack(f">{len(flat)}Q", *flat)
-    if kind == b"A":
+    if kind in _REASON_BODY:
         return kind + str(value).encode("utf-8", "replace")[:MAX_REASON]
     if kind == b"H":
         return kind + value[0] + value[1]
@@ -184,3 +187,25 @@ def check_attach(frames: Sequence[bytes], token: bytes, session: bytes) -> bytes
     if len(frames) != 2 or frames[0] != b"" or not frames[1].startswith(attach):
         raise HandshakeError("a bad attach (wrong token or session id, or not an attach)")
     return frames[1][len(attach) :]
+
+
+def check_attach_answer(frames: Sequence[bytes], url: str, nixl: bool) -> tuple[bytes, Any]:
+    """The listener's answer to the attach, as ``(kind, value)``: ``K`` -> ``None``
+    (no NIXL), ``N`` -> the listener's NIXL note (bytes), ``O`` -> why the listener
+    turned NIXL off (str).  ``nixl``: this client sent a note (only then may the
+    answer carry ``N`` or ``O``).  :class:`HandshakeError` naming ``url`` for a
+    refusal (``A`` + reason) or anything else."""
+    if len(frames) == 2 and frames[0] == b"":
+        body = frames[1]
+        kind, rest = body[:1], body[1:]
+        if kind == b"A":
+            reason = rest[:MAX_REASON].decode("utf-8", "replace") or "no reason given"
+            raise HandshakeError(f"the listener at {url} refused the attach: {reason}")
+        if kind == b"K" and not rest:
+            return b"K", None
+        if kind == b"K" and nixl and rest[:1] == b"N" and len(rest) > 1:
+            return b"N", rest[1:]
+        if kind == b"K" and nixl and rest[:1] == b"O":
+            why = rest[1 : 1 + MAX_REASON].decode("utf-8", "replace") or "no reason given"
+            return b"O", why
+    raise HandshakeError(f"the listener at {url} answered the attach with {list(frames)!r:.200}")

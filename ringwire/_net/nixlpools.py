@@ -31,6 +31,29 @@ moves them, in order, to the reader's inbox, the transfer list replaced by a
 mirror (numpy read-only, torch; a CUDA tensor over the GPU mirror) whose finalizer
 frees its span and sends the release, as for Ext 20.  A failed read is a
 ``ProtocolError`` naming the peer and the bytes.
+
+Turning NIXL on, or off
+-----------------------
+Both ends offering NIXL does not make it work: UCX may find no way to the peer's
+agent (a firewall, interfaces it cannot route, "Destination is unreachable").  So
+NIXL is on only when both ends loaded the other's metadata, and off -- ZeroMQ frames
+both ways, the link's memory deregistered -- when either could not:
+
+==========================  =================================================
+the listener, at the attach  loads the client's note (``H`` ... note): on success
+                             it answers ``K`` + its note, else ``K O`` + why
+                             (and drops its link)
+the client, at ``K`` note    loads it: on success it sends ``Y`` (confirmed),
+                             else ``O`` + why (and drops its link); at ``K O``
+                             it drops its link
+the listener, later          sends through NIXL only after ``Y``
+                             (:attr:`Link.confirmed`); ``O`` turns its link off
+                             (:meth:`Link.turn_off`): frames from then on
+==========================  =================================================
+
+The client may send through NIXL at once: ``K`` + note says the listener read its
+metadata.  A fallback is logged (a warning on the ``ringwire`` logger, both ends) and
+``statistics().tensor_path`` / ``nixl_off`` say which path a connection's tensors take.
 """
 
 from __future__ import annotations
@@ -67,6 +90,7 @@ from .pools import Framed, NetEncoder, NetPlacement, NetRecvPool, NetSendPool
 __all__ = [
     "Landed",
     "Link",
+    "Unreachable",
     "NixlEncoder",
     "NixlPlacement",
     "NixlRecvPool",
@@ -98,6 +122,11 @@ def parse_manifest(data: bytes) -> list[tuple[int, int, int]]:
     return [_ENTRY.unpack_from(data, 2 + i * _ENTRY.size) for i in range(n)]
 
 
+class Unreachable(Exception):
+    """NIXL could not load the peer's metadata (UCX found no way to its agent): the
+    connection falls back to ZeroMQ frames (see the module docstring)."""
+
+
 def prepare(budget: int, peer_budget: int) -> Link:
     """The NIXL side of a connection being made: its send arena (for ``budget``) and
     its mirror (for the peer's ``peer_budget``) made and registered."""
@@ -109,18 +138,16 @@ def prepare(budget: int, peer_budget: int) -> Link:
 
 
 def nixl_pools(
-    t: Any, link: Link, slots: SlotConfig | None, peer_capacity: int, peer_note: bytes
+    t: Any, link: Link, slots: SlotConfig | None, peer_capacity: int
 ) -> tuple[Any, Any, Any]:
-    """``(send pool, receive pool, encoder)`` of a transport that negotiated NIXL; the
-    link becomes its ``holder``, with the peer's note (from the handshake) read."""
+    """``(send pool, receive pool, encoder)`` of a transport that negotiated NIXL (the
+    peer's note loaded in the handshake); the link becomes its ``holder``."""
     link.t = t
     send = None
     if slots is not None:
         send = NixlSendPool(slots, t.releases, peer_capacity // 2 - 1024, link)
     recv = NixlRecvPool(t, slots.copy_out if slots is not None else False, link)
     t.holder = link
-    if peer_note:
-        link.note(peer_note)
     return send, recv, NixlEncoder()
 
 
@@ -152,6 +179,11 @@ class Link:
 
     def __init__(self, agent: Agent, budget: int, peer_budget: int) -> None:
         self.t: Any = None
+        # the listener sends through NIXL only once the client said it loaded its note
+        # (``Y``); ``off``: why NIXL was turned off on this connection (``O``)
+        self.confirmed = True
+        self.off: str | None = None
+        self._peer_reads = False  # the peer's note said it reads through NIXL
         self.agent = agent
         self.budget = budget
         self.peer_budget = peer_budget
@@ -192,9 +224,36 @@ class Link:
             return b"N" + self._note()
         return self._read_note(body[1:] if body[:1] == b"N" else body)
 
+    def load(self, body: bytes) -> None:
+        """Read the peer's note in the handshake.  Raises :class:`Unreachable` when
+        NIXL cannot load its metadata (fall back to frames), :class:`ProtocolError`
+        for a malformed note."""
+        self._read_note(body[1:] if body[:1] == b"N" else body, handshake=True)
+
+    def confirm(self) -> None:
+        """The peer loaded this side's note (``Y``): send through NIXL from now on."""
+        if self.off is None:
+            self.confirmed = True
+            self._update_ready()
+
+    def turn_off(self, reason: str) -> None:
+        """NIXL is off on this connection (the peer could not load this side's note,
+        ``O``): nothing more goes through it, and its memory is given back.  Only
+        before any record went through NIXL (the listener waits for ``Y``)."""
+        if self.off is None:
+            self.off = reason
+            self.peer_ready = False
+            self.close_send(False)
+            self.close_recv()
+
     def send_note(self) -> None:
         """Send this side's note again (a new region was registered)."""
         self.t.send_control(self.note())
+
+    def _update_ready(self) -> None:
+        self.peer_ready = (
+            self._peer_reads and self.confirmed and self.off is None and 0 in self.send_arenas
+        )
 
     def _note(self) -> bytes:
         note = Note(
@@ -206,9 +265,11 @@ class Link:
         )
         return _note_encoder.encode(note)
 
-    def _read_note(self, body: bytes) -> None:
+    def _read_note(self, body: bytes, handshake: bool = False) -> None:
         """The peer's note (from the handshake, or an ``N`` message in the transport's
-        pump).  Raises :class:`ProtocolError` for a malformed or contradictory note."""
+        pump).  Raises :class:`ProtocolError` for a malformed or contradictory note
+        (or, after the handshake, metadata NIXL refuses), :class:`Unreachable` for
+        metadata NIXL refuses in the handshake."""
         try:
             n = _note_decoder.decode(body)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
@@ -231,13 +292,20 @@ class Link:
         try:
             name = self.agent.add_remote(n.metadata, self.peer_name is not None, n.agent)
         except Exception as exc:  # noqa: BLE001
-            raise ProtocolError(f"NIXL refused the peer's metadata: {exc}") from exc
+            why = (
+                f"NIXL could not load the metadata of agent {n.agent!r}: {exc} (UCX "
+                "found no transport to it; UCX_TLS=tcp or UCX_NET_DEVICES choose others)"
+            )
+            if handshake:
+                raise Unreachable(why) from exc
+            raise ProtocolError(why) from exc
         if name != n.agent:
             raise ProtocolError(f"NIXL metadata of agent {name!r} in a note of {n.agent!r}")
         self.peer_name = name
         self.peer_regions.update(regions)
         self.peer_vram = max(0, min(int(n.vram), 1024))
-        self.peer_ready = bool(n.ready) and 0 in self.send_arenas
+        self._peer_reads = bool(n.ready)
+        self._update_ready()
 
     def arena_at(self, addr: int) -> Arena | None:
         for arena in self.send_arenas.values():
@@ -250,6 +318,8 @@ class Link:
         ``None`` when it cannot be made (``failed`` says why)."""
         region = 1 + device
         arena = self.send_arenas.get(region)
+        if self.off is not None or self.closed_send:
+            return None
         if arena is None and region not in self.failed:
             try:
                 torch = torch_module()
@@ -277,6 +347,8 @@ class Link:
         entries = parse_manifest(parts[-2].bytes)
         if entries and self.peer_name is None:
             raise ProtocolError("a NIXL transfer list before the peer's NIXL note")
+        if entries and (self.off is not None or self.closed_recv):
+            raise ProtocolError("a NIXL transfer list after NIXL was turned off")
         while self.freed:
             region, offset = self.freed.popleft()
             self.live.get(region, {}).pop(offset, None)
@@ -441,6 +513,11 @@ class NixlSendPool(NetSendPool):
         self.nixl_sent = 0
         self.vram_sent = 0
         link.agent.senders.add(self)
+
+    def statistics(self) -> dict[str, Any]:
+        out = super().statistics()
+        out["nixl_arrays_sent"] = self.nixl_sent + self.vram_sent
+        return out
 
     def _take(self, nbytes: int) -> np.ndarray[Any, Any]:
         arena = self.link.send_arenas.get(0)

@@ -25,6 +25,9 @@ byte   body                  meaning
 ``K``                        the server's answer to the attach
 ``N``  msgpack ``Note``      NIXL: the peer's agent metadata and regions (only on a
                              connection that negotiated NIXL, :mod:`.nixl`)
+``Y``                        NIXL: the client loaded the listener's note (the listener
+                             may send through NIXL now; :mod:`.nixlpools`)
+``O``  UTF-8 reason          NIXL: the client could not load it: NIXL is off, frames
 =====  ====================  ===========================================================
 
 On a connection that negotiated NIXL a record whose last frame is empty carries a
@@ -68,6 +71,7 @@ sends and receives from two threads).
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import socket
 import struct
@@ -93,6 +97,8 @@ from .zmqlife import (
     reap,
     retire,
 )
+
+logger = logging.getLogger("ringwire")
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
@@ -356,6 +362,7 @@ class NetTransport:
         self._news = False  # a pump outside drain() changed state: ring the eventfd
         self.on_frame: Callable[[list[Any]], None] = _ignore
         self.holder: Any = None  # NIXL (ringwire._net.nixlpools.Link): hold, settle, note
+        self.nixl_off = ""  # why this connection's tensors do not go through NIXL
         self.send_pool, self.recv_pool, self.encoder = pools(self)
         self.status = self.tx.status = open_slot(self, sock, peer_fd)  # what inspect shows
         # read the monitor (and the socket) once now: libzmq signals a socket's FD for
@@ -368,6 +375,13 @@ class NetTransport:
 
     def __repr__(self) -> str:
         return f"<NetTransport {self.address}{' gone' if self.gone else ''}>"
+
+    @property
+    def tensor_path(self) -> str:
+        """``"nixl"`` (arrays may go through NIXL) or ``"frames"`` (ZeroMQ frames;
+        :attr:`nixl_off` says why)."""
+        holder = self.holder
+        return "nixl" if holder is not None and holder.off is None else "frames"
 
     # -- sending ----------------------------------------------------------------------
 
@@ -624,6 +638,16 @@ class NetTransport:
                 self._reason = value
             elif kind == b"B":
                 self.gone = True
+            elif kind == b"Y" and self.holder is not None:
+                self.holder.confirm()
+            elif kind == b"O" and self.holder is not None:
+                self.nixl_off = f"{self.address} could not use NIXL with this side: {value}"
+                logger.warning(
+                    "NIXL is off on the connection %s (tensors travel as ZeroMQ frames): %s",
+                    self.address,
+                    value,
+                )
+                self.holder.turn_off(self.nixl_off)
             else:
                 raise ProtocolError(f"a handshake message {body[:1]!r} after the attach")
         except ProtocolError as exc:

@@ -256,14 +256,14 @@ class BroadcastHub:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and friends: the next poll tries again
-                logger.warning("ringwire broadcast %s: accept failed: %s", self.path, exc)
+                logger.warning("ringwire broadcast %s: accept failed: %s", self.path, str(exc))
                 return
             sock.setblocking(False)
             try:
                 pid = check_peer(sock)
             except (RingwireError, OSError) as exc:
                 self.refused += 1
-                logger.warning("ringwire broadcast %s refused a reader: %s", self.path, exc)
+                logger.warning("ringwire broadcast %s refused a reader: %s", self.path, str(exc))
                 sock.close()
                 continue
             c = _Conn(sock, pid, time.monotonic() + self.handshake_timeout)

@@ -149,7 +149,7 @@ class BroadcastPool:
                 if self._poll_lane(rank, lane):
                     ring_back.append(rank)
             except (SlotRefused, RingCorrupted) as exc:
-                logger.warning("ringwire broadcast: reader rank %s: %s", rank, exc)
+                logger.warning("ringwire broadcast: reader rank %s: %s", rank, str(exc))
                 self.faulty.append(rank)
         if self.send.loan_returns:
             self.send.poll()  # only loans: nobody writes the SendPool's own lane

@@ -71,11 +71,25 @@ def _run(tmp_path: Path, backend: str, transport: str, long: bool) -> None:
     if transport == "tcp":
         pytest.importorskip("zmq")
         kills = _tcp_kills(backend, long)
-        # ZeroMQ frames: a NIXL agent's own UCX sockets (made once per process, kept for
-        # its life) would count as ours in the per-round socket check; kill -9 with
-        # NIXL is tests/process/test_nixl.py's (registrations and buffers reclaimed)
-        with mock.patch.dict(os.environ, {"RINGWIRE_NIXL": "0"}):
+        # NIXL where it is installed (what users get): this process's agent is made
+        # first, so that its own UCX sockets (kept for its life) are in the harness's
+        # baseline and only what a round leaves behind counts
+        from ringwire._net import nixl, nixlpools
+
+        agent = nixl.process()
+        reads = agent.reads if agent is not None else 0
+        sent = [0]
+        refer = nixlpools.NixlSendPool._refer
+
+        def counted(pool: Any, *args: Any) -> Any:
+            ref = refer(pool, *args)
+            sent[0] += isinstance(ref, ringwire.NixlRef)
+            return ref
+
+        with mock.patch.object(nixlpools.NixlSendPool, "_refer", counted):
             run_chaos(tmp_path, backend, kills, transport)
+        if agent is not None:  # arrays went through NIXL (read here, or by the victims)
+            assert agent.reads > reads or sent[0], "NIXL is installed, but no array used it"
         return
     kills = _kills(backend, long)
     run_chaos(tmp_path, backend, kills, transport)

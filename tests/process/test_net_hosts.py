@@ -59,6 +59,7 @@ class Hosts:
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
     lines: dict[int, queue.Queue[str | None]] = field(default_factory=dict)
     pumps: list[threading.Thread] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # the tensor path of each exchange
 
     def start(self, ns: str, code: str, *args: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
@@ -89,20 +90,19 @@ class Hosts:
         )
 
 
+def _nixl_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("nixl_cu12") is not None and os.environ.get(
+        "RINGWIRE_NIXL", "1"
+    ) not in ("0", "no", "off", "false")
+
+
 def _netns_names() -> set[str]:
     try:
         return set(os.listdir("/run/netns"))
     except FileNotFoundError:
         return set()
-
-
-@pytest.fixture(autouse=True)
-def zeromq_frames(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests are about the ZeroMQ frames across a real link, NIXL off (the
-    children inherit it).  NIXL across the two namespaces is an open bug: UCX there
-    may find no route to the peer ("Destination is unreachable"), the agent's
-    loadRemoteMD fails, and the connection breaks instead of falling back to frames."""
-    monkeypatch.setenv("RINGWIRE_NIXL", "0")
 
 
 @pytest.fixture
@@ -180,8 +180,9 @@ with ringwire.SyncListener(f"tcp://{sys.argv[1]}:0", insecure=True, heartbeat=hb
         and zlib.crc32(arr) == msg["crc"]
     )
     del arr, msg
+    st = ch.statistics()
     ch.send({"ok": ok})
-    say(exchanged=ok)
+    say(exchanged=ok, path=st.tensor_path, why=st.nixl_off, nixl=st.nixl_arrays_received)
     try:
         ch.receive(timeout=60)
         say(ended="a record", at=time.monotonic())
@@ -204,7 +205,8 @@ ch = ringwire.connect_sync(sys.argv[1], heartbeat=float(sys.argv[2]), timeout=30
 ch.send_many({"i": i, "pad": "p" * 90} for i in range(1000))
 arr = np.random.default_rng(7).random(1 << 20, dtype=np.float32)
 ch.send({"array": arr, "crc": zlib.crc32(arr)})
-say(verdict=ch.receive(timeout=30))
+st = ch.statistics()
+say(verdict=ch.receive(timeout=30), path=st.tensor_path, why=st.nixl_off, nixl=st.nixl_arrays_sent)
 try:
     ch.receive(timeout=60)
     say(ended="a record", at=time.monotonic())
@@ -238,18 +240,39 @@ def _line(h: Hosts, proc: subprocess.Popen[str], key: str, timeout: float = 30.0
 
 
 def _exchange(hosts: Hosts) -> tuple[subprocess.Popen[str], subprocess.Popen[str]]:
-    """A listener in a, a client in b, records and an array across; both then wait."""
+    """A listener in a, a client in b, records and an array across; both then wait.
+    Both ends agree on the array's path (NIXL, or the frames NIXL fell back to)."""
     lst = hosts.start(hosts.a, _LISTENER, ADDR_A, str(HEARTBEAT))
     url = _line(hosts, lst, "url")["url"]
     assert url.startswith(f"tcp://{ADDR_A}:"), url
     cli = hosts.start(hosts.b, _CLIENT, url, str(HEARTBEAT))
-    assert _line(hosts, lst, "exchanged")["exchanged"] is True
-    assert _line(hosts, cli, "verdict")["verdict"] == {"ok": True}
+    got = _line(hosts, lst, "exchanged")
+    sent = _line(hosts, cli, "verdict")
+    assert got["exchanged"] is True and sent["verdict"] == {"ok": True}
+    assert got["path"] == sent["path"], (got, sent)
+    hosts.paths.append(got["path"])
+    if got["path"] == "nixl":  # the 4 MiB array went through NIXL
+        assert got["nixl"] == sent["nixl"] == 1, (got, sent)
+    else:
+        assert got["nixl"] == sent["nixl"] == 0, (got, sent)
+        if _nixl_installed():
+            assert "NIXL" in got["why"] and "NIXL" in sent["why"], (got, sent)
     return lst, cli
 
 
-def test_records_and_an_array_cross_and_kill_9_is_seen(hosts: Hosts) -> None:
+@pytest.mark.parametrize("ucx", ["default", "tcp"])
+def test_records_and_an_array_cross_and_kill_9_is_seen(
+    hosts: Hosts, ucx: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With NIXL installed the array goes through it or, where UCX finds no way to
+    the peer's agent (its default transports between two namespaces of one kernel
+    answer "Destination is unreachable"), as frames on both ends; with UCX on TCP
+    only it must go through NIXL across the link."""
+    if ucx == "tcp":
+        monkeypatch.setenv("UCX_TLS", "tcp")  # (the children inherit it)
     lst, cli = _exchange(hosts)
+    if ucx == "tcp" and _nixl_installed():
+        assert hosts.paths == ["nixl"]
     t_kill = time.monotonic()
     cli.kill()
     cli.wait(10)

@@ -432,6 +432,60 @@ async def test_cancelled_send_writes_nothing(kind):
         assert await b.receive() == "after"
 
 
+@BOTH
+@pytest.mark.anyio
+async def test_a_cancelled_caller_loses_no_record_it_was_not_told_of(kind):
+    """Under a cancelled scope a send or receive either raises (nothing sent, nothing
+    taken) or completes: the fast paths yield to the loop every few operations, and
+    a cancellation delivered at that yield used to drop the record just taken (or
+    report a record that went out as not sent)."""
+    a, b = await connected_pair(kind, spin_us=0)
+    async with a, b:
+        for _ in range(3):  # (the two ends' yields out of step: losses cannot cancel out)
+            a.send_nowait(-1)
+            assert await b.receive() == -1
+        sent = []
+        for i in range(100):
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await a.send(i)
+                sent.append(i)
+        await settle(kind)
+        got = []
+        for _ in range(200):
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                got.append(await b.receive())
+        while True:
+            try:
+                got.append(b.receive_nowait())
+            except WouldBlock:
+                break
+        assert sent and got == sent
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_fan_in_loses_no_record(tmp_path):
+    async with listen(tmp_path / "f.sock") as lst:
+        async with await connect(tmp_path / "f.sock") as c:
+            await lst.accept()
+            await c.send_many(list(range(100)))
+            got = []
+            for _ in range(200):
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    got.append((await lst.receive())[1])
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                got += [r for _, r in await lst.receive_many(7)]
+            while True:
+                try:
+                    got.append(lst.receive_nowait()[1])
+                except WouldBlock:
+                    break
+            assert got == list(range(100))
+
+
 @pytest.mark.anyio
 async def test_statistics():
     a, b = await connected_pair(spin_us=0)

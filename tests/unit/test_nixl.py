@@ -80,6 +80,27 @@ def test_transfer_list_round_trip_and_garbage() -> None:
             parse_manifest(bad)
 
 
+def test_a_failed_read_delivers_nothing_after_it() -> None:
+    """Records wait in order behind their reads: when one read fails, the records
+    behind it -- even those whose reads finished -- are dropped with it (delivering
+    them would leave a gap the reader never hears of), and the connection breaks."""
+    from ringwire._net.nixlpools import Link, _Held
+
+    class Inbox:
+        inbox: list[Any] = []
+
+    link = Link(None, 0, 0)  # type: ignore[arg-type]
+    link.peer_name = "peer"
+    ok, failed, later = _Held(b"1", [], 0), _Held(b"2", [], 0, 4096), _Held(b"3", [], 0)
+    failed.error = "NIXL_ERR_REMOTE_DISCONNECT"
+    waiting = _Held(b"4", [], 1)
+    link.pending.extend([ok, failed, later, waiting])
+    rx = Inbox()
+    with pytest.raises(ringwire.ProtocolError, match="read of 4096 bytes from peer failed"):
+        link.settle(rx)
+    assert rx.inbox == [(b"1", [])] and not link.pending
+
+
 def test_an_older_peer_says_nothing_about_nixl() -> None:
     """The handshake's ``nixl`` field is appended with a default: a hello or welcome
     from a ringwire without it decodes as 'no NIXL', and a newer one is still read by
@@ -271,6 +292,66 @@ async def test_a_failed_read_breaks_only_that_connection_with_a_clear_error() ->
         assert "NIXL" in str(info.value.__cause__)
         await c.send(np.ones(1 << 17, np.uint8))
         assert int((await d.receive()).sum()) == 1 << 17
+
+
+@needs_nixl
+@pytest.mark.parametrize("failing", ["listener", "client"])
+async def test_a_side_that_cannot_load_the_peers_note_turns_nixl_off_for_both(
+    failing: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """UCX may find no way to the peer's agent (between two namespaces it says
+    "Destination is unreachable"): whichever side fails to load the other's note,
+    the connection is made, both ends send frames, say why, and give NIXL's memory
+    back.  The listener loads the client's note first, then the client the
+    listener's."""
+    with anyio.fail_after(10):  # the earlier tests' connections (a closed sender lingers)
+        while nixl.registrations():
+            await anyio.sleep(0.01)
+    calls: list[str] = []
+    real = nixl.Agent.add_remote
+
+    def add_remote(self: Any, metadata: bytes, known: bool, name: str) -> str:
+        calls.append(name)
+        if len(calls) == (1 if failing == "listener" else 2):
+            raise RuntimeError("NIXL_ERR_BACKEND")
+        return real(self, metadata, known, name)
+
+    monkeypatch.setattr(nixl.Agent, "add_remote", add_remote)
+    client, server = await tcp_pair(slots=BIG)
+    async with client, server:
+        x = np.arange(1 << 16, dtype=np.float32)  # above the threshold
+        await client.send(x)  # (behind the client's O, if it sent one)
+        np.testing.assert_array_equal(await server.receive(), x)
+        await server.send(x * 2)
+        np.testing.assert_array_equal(await client.receive(), x * 2)
+        for ch in (client, server):
+            st = ch.statistics()
+            assert st.tensor_path == "frames", (failing, st)
+            assert "NIXL could not load the metadata" in st.nixl_off, st.nixl_off
+            assert st.nixl_arrays_sent == st.nixl_arrays_received == 0
+        assert "UCX_TLS" in server.statistics().nixl_off  # what to do about it
+        with anyio.fail_after(5):  # the fallen-back links' arenas are deregistered
+            while nixl.registrations():
+                await anyio.sleep(0.01)
+    assert len(calls) == (1 if failing == "listener" else 2)
+    warned = [r for r in caplog.records if "NIXL is off on the connection" in r.getMessage()]
+    assert len(warned) == 2, [r.getMessage() for r in caplog.records]
+
+
+@needs_nixl
+async def test_the_listener_sends_through_nixl_once_the_client_confirmed() -> None:
+    client, server = await tcp_pair(slots=BIG)
+    async with client, server:
+        assert client._core.transport.holder.confirmed
+        await client.send("hello")  # behind the client's Y
+        assert await server.receive() == "hello"
+        assert server._core.transport.holder.confirmed
+        x = np.arange(1 << 16, dtype=np.float32)
+        await server.send(x)
+        np.testing.assert_array_equal(await client.receive(), x)
+        st = server.statistics()
+        assert (st.tensor_path, st.nixl_off, st.nixl_arrays_sent) == ("nixl", "", 1)
+        assert client.statistics().nixl_arrays_received == 1
 
 
 def _exchange_sync() -> tuple[bool, bool]:
