@@ -24,6 +24,8 @@ from ringwire import SlotClass, SlotConfig, runtime
 
 pytest.importorskip("zmq")
 
+from support.net import free_url, port_free  # noqa: E402
+
 pytestmark = [pytest.mark.multiprocess]
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -34,32 +36,6 @@ ENTRY = "support.runtime_workers:echo"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def free_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"tcp://127.0.0.1:{port}"
-
-
-def port_free(url: str, patience: float = 2.0) -> bool:
-    """Nothing listens at ``url`` any more (within ``patience`` seconds: libzmq closes
-    sockets in its own thread).  SO_REUSEADDR: a connection in TIME_WAIT is no leak."""
-    deadline = time.monotonic() + patience
-    while True:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-            return True
-        except OSError:
-            if time.monotonic() > deadline:
-                return False
-        finally:
-            s.close()
-        time.sleep(0.05)
 
 
 def joiner(url: str, name: str = "tok", *extra: str) -> subprocess.Popen[str]:

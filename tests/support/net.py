@@ -8,6 +8,7 @@ pyzmq is missing.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any
@@ -97,3 +98,30 @@ def tcp_sync_pair(**kw: Any) -> tuple[SyncChannel, SyncChannel]:
         return out[0], SyncChannel(_server_end(acc, kw, transport))
     finally:
         acc.close()
+
+
+def free_url() -> str:
+    """A ``tcp://127.0.0.1`` address whose port was free a moment ago."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"tcp://127.0.0.1:{port}"
+
+
+def port_free(url: str, patience: float = 2.0) -> bool:
+    """Nothing listens at ``url`` any more (within ``patience`` seconds: libzmq closes
+    sockets in its own thread).  SO_REUSEADDR: a connection in TIME_WAIT is no leak."""
+    deadline = time.monotonic() + patience
+    while True:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+        finally:
+            s.close()
+        time.sleep(0.05)

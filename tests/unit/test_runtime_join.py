@@ -5,17 +5,21 @@ in tests/process/test_runtime_join.py."""
 
 from __future__ import annotations
 
+import shutil
 import socket
-import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 import numpy as np
 import pytest
 
+import ringwire
 from ringwire import SlotClass, SlotConfig, runtime
 
 pytest.importorskip("zmq")
+
+from support.net import free_url, port_free  # noqa: E402
 
 SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4), SlotClass(1 << 20, 4)))
 
@@ -23,32 +27,6 @@ SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4), SlotClass(1 << 20, 4)))
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def free_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"tcp://127.0.0.1:{port}"
-
-
-def port_free(url: str, patience: float = 2.0) -> bool:
-    """Nothing listens at ``url`` any more (within ``patience`` seconds: libzmq closes
-    sockets in its own thread).  SO_REUSEADDR: a connection in TIME_WAIT is no leak."""
-    deadline = time.monotonic() + patience
-    while True:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-            return True
-        except OSError:
-            if time.monotonic() > deadline:
-                return False
-        finally:
-            s.close()
-        time.sleep(0.05)
 
 
 async def echo(ctx: runtime.WorkerContext) -> None:
@@ -152,6 +130,56 @@ async def test_a_joined_worker_gets_records_both_ways_and_stops_cleanly() -> Non
     assert len(exits) == 1 and exits[0].expected and exits[0].exitcode == 0
     assert exits[0].host == socket.gethostname()
     assert port_free(url)
+
+
+@pytest.mark.anyio
+async def test_a_keyed_topology_admits_the_listed_worker_only(tmp_path: Path) -> None:
+    """keys= end to end: a front with ringwire.ServerKeys, a worker joining with its
+    ringwire.ClientKeys gets its channel; one with an unlisted key is refused saying
+    so (and the CLI's --key-secret / --server-key build those keys)."""
+    from ringwire._net.keys import keygen
+
+    pub = {}
+    for name in ("front", "tok", "stranger"):
+        pub[name] = keygen(tmp_path / name, name)
+    (tmp_path / "clients").mkdir()
+    shutil.copy(pub["tok"][0], tmp_path / "clients")
+    url = free_url()
+    server = ringwire.ServerKeys(secret=pub["front"][1], clients=tmp_path / "clients")
+    topo = runtime.Topology([runtime.RemoteWorker("tok")], listen=url, slots=SMALL, keys=server)
+    good = ringwire.ClientKeys(secret=pub["tok"][1], server=pub["front"][0])
+    bad = ringwire.ClientKeys(secret=pub["stranger"][1], server=pub["front"][0])
+    codes: list[int] = []
+
+    async def worker() -> None:
+        codes.append(await runtime.join_async(url, "tok", echo, **join_kw(keys=good)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        async with topo:
+            chan = topo.channel("tok")
+            await chan.send({"n": 1})
+            assert (await chan.receive())["echo"] == {"n": 1}
+            with pytest.raises(runtime.JoinRefused, match="CURVE"):
+                await runtime.join_async(url, "tok", echo, **join_kw(keys=bad, retry_for=0))
+    assert codes == [0]
+    assert port_free(url)
+
+
+def test_the_cli_takes_both_key_files_or_neither(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ringwire.runtime.__main__ import main
+
+    base = ["join", free_url(), "--name", "tok", "--entry", "x:y"]
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--key-secret", str(tmp_path / "w.key_secret")])
+    assert info.value.code == 2
+    assert "--key-secret and --server-key go together" in capsys.readouterr().err
+    missing = [*base, "--key-secret", str(tmp_path / "w.key_secret"), "--server-key", "f.key"]
+    assert main(missing) == 2
+    err = capsys.readouterr().err
+    assert "w.key_secret" in err and "ringwire.runtime join:" in err
 
 
 @pytest.mark.anyio
