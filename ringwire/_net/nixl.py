@@ -49,6 +49,15 @@ no driver thread -- and no event loop -- ever posts or waits for a transfer; the
 worker rings the transport's wake descriptor when a record's transfers are done,
 and the existing wait machinery hands it out.
 
+The agent runs without NIXL's own progress thread: NIXL's Python agent starts it
+with no delay, a loop of ``sched_yield`` that kept a third to a half of a core busy in
+every process with an agent, idle or not (measured here; it slowed every small
+record on a 2-vCPU machine).  The worker progresses UCX instead: a read's own polls
+progress the reader; and while arrays this process sent through NIXL are out (a peer
+may be reading them: UCX over TCP, and the wire-up of any transport, need the
+target to progress) it progresses every :data:`SERVE_POLL` seconds, and sleeps when
+nothing is out.
+
 Lifetimes
 ---------
 A receiver's mirror and a sender's arena are deregistered when the connection
@@ -92,6 +101,11 @@ __all__ = [
 
 LINGER = 2.0
 """Seconds a closed sender keeps its arena registered for reads still to come."""
+SERVE_POLL = 0.0002
+"""Seconds between the worker's progress calls while this process's arrays are out."""
+CLOSE_PROGRESS = 2.0
+"""Seconds the worker progresses UCX after removing a peer agent (its endpoint's
+sockets close as UCX progresses)."""
 ALIGN = 256  # every buffer of an arena starts at a multiple of this
 logger = logging.getLogger("ringwire")
 
@@ -214,7 +228,8 @@ class Agent:
 
         self.pid = os.getpid()
         self.name = f"ringwire-{socket.gethostname()}-{self.pid}-{secrets.token_hex(4)}"
-        self.nixl = nixl_agent(self.name, nixl_agent_config(backends=["UCX"]))
+        config = nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+        self.nixl = nixl_agent(self.name, config)
         if "UCX" not in self.nixl.backends:
             raise RuntimeError("the UCX backend of NIXL is not available")
         self.lock = threading.RLock()  # every call into the agent
@@ -226,6 +241,9 @@ class Agent:
         self._remotes: dict[str, int] = {}  # peer agent -> connections using it
         self.senders: weakref.WeakSet[Any] = weakref.WeakSet()  # send pools (for exit)
         self._forget: list[str] = []  # peer agents to remove once idle
+        self._serving = False  # arrays sent through NIXL may be out: progress for them
+        self._served = 0  # serve() calls (a look that found none out is stale after one)
+        self._closing_until = 0.0  # a peer agent was removed: progress its endpoint's close
         self.reads = 0
         self.read_bytes = 0
         self._closed = False
@@ -281,6 +299,21 @@ class Agent:
 
     # the worker
 
+    def serve(self) -> None:
+        """An array went out through NIXL (it is in its pool's ``sent`` already):
+        progress UCX until none is out."""
+        with self._cond:
+            self._served += 1
+            if not self._serving:
+                self._serving = True
+                self._cond.notify()
+
+    def _still_serving(self) -> bool:
+        try:
+            return any(p.sent and not p.gone for p in list(self.senders))
+        except RuntimeError:  # (the set changed under us: look again next time)
+            return True
+
     def submit(self, job: Job) -> None:
         with self._cond:
             job.local.inflight += 1
@@ -292,8 +325,12 @@ class Agent:
         while True:
             with self._cond:
                 while not (self._new or self._active or self._closed) and not (
-                    self._retired or self._forget
+                    self._retired or self._forget or self._serving
                 ):
+                    left = self._closing_until - time.monotonic()
+                    if left > 0:
+                        self._cond.wait(0.005)
+                        break
                     self._cond.wait()
                 if self._closed and not self._active and not self._new:
                     return
@@ -309,11 +346,30 @@ class Agent:
                 busy = True
             if busy:
                 pause = min(0.001, pause * 2 or 0.00002)
-                time.sleep(pause)
+                time.sleep(min(pause, SERVE_POLL) if self._serving else pause)
             else:
                 pause = 0.0
-                if self._retired and not self._active and not self._new:
+                if self._serving:
+                    self._progress()
+                    time.sleep(SERVE_POLL)
+                elif time.monotonic() < self._closing_until:  # (then waits 5 ms)
+                    with self.lock, contextlib.suppress(Exception):
+                        self.nixl.get_new_notifs()
+                elif self._retired and not self._active and not self._new:
                     time.sleep(0.02)  # a lingering arena: look again soon
+
+    def _progress(self) -> None:
+        """Progress UCX for the peers reading this process's arrays (any call into
+        the backend progresses its worker: the notifications are not used)."""
+        with self._cond:
+            served = self._served
+        if not self._still_serving():
+            with self._cond:
+                if self._served == served:  # (none went out while we looked)
+                    self._serving = False
+            return
+        with self.lock, contextlib.suppress(Exception):
+            self.nixl.get_new_notifs()
 
     def _post(self, job: Job) -> None:
         nixl = self.nixl
@@ -398,6 +454,8 @@ class Agent:
         for name in forget if not busy else []:
             with self.lock, contextlib.suppress(Exception):
                 self.nixl.remove_remote_agent(name)
+            # UCX closes the endpoint (and its sockets) as it progresses: for a while
+            self._closing_until = time.monotonic() + CLOSE_PROGRESS
         with self._cond:
             self._retired.extend(keep)
             if busy:

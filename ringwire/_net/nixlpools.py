@@ -553,6 +553,7 @@ class NixlSendPool(NetSendPool):
             return super()._refer(placement, arr, off, nbytes, tag, shape, wire, kind, device)
         xfers.append((arena.region, addr - arena.base, nbytes))
         self.nixl_sent += 1
+        self.link.agent.serve()
         return NixlRef(1, tag, 1, len(xfers) - 1, nbytes, shape, wire, kind, device)
 
     def place(self, obj: Any, placement: NetPlacement) -> Any:
@@ -624,6 +625,7 @@ class NixlSendPool(NetSendPool):
         xfers: list[tuple[int, int, int]] = getattr(placement, "xfers", [])
         xfers.append((arena.region, offset, nbytes))
         self.vram_sent += 1
+        self.link.agent.serve()
         wire = torch_dtype_to_wire(obj.dtype)
         shape = tuple(obj.shape)
         return NixlRef(1, tag, 1, len(xfers) - 1, nbytes, shape, wire, "torch", str(obj.device))
