@@ -46,6 +46,7 @@ __all__ = [
     "FrameTooLarge",
     "HandshakeError",
     "NeedSlot",
+    "NixlUnreachable",
     "PeerCredentialsError",
     "ProtocolError",
     "RemoteError",
@@ -144,6 +145,12 @@ class NeedSlot(Exception):
     def __init__(self, nbytes: Any) -> None:
         super().__init__(nbytes)
         self.nbytes = nbytes
+
+
+class NixlUnreachable(Exception):
+    """Not raised to users: NIXL could not load a peer's metadata in the handshake (UCX
+    found no way to its agent), and the connection falls back to ZeroMQ frames
+    (ringwire._net.nixlpools)."""
 
 
 # -- calls ----------------------------------------------------------------------------------

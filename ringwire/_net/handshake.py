@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from .._errors import HandshakeError, PeerCredentialsError
+from .._errors import HandshakeError, NixlUnreachable, PeerCredentialsError, ProtocolError
 from .._shm.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
 from . import nixl
@@ -188,12 +188,9 @@ def _load_note(link: Any, note: bytes, peer: str) -> str:
     """Load the peer's NIXL note into ``link``: ``""``, or why NIXL is off on this
     connection (logged; the link is closed then).  :class:`HandshakeError` for a
     malformed note."""
-    from .._errors import ProtocolError
-    from .nixlpools import Unreachable
-
     try:
         link.load(note)
-    except Unreachable as exc:
+    except NixlUnreachable as exc:
         _drop_link(link)
         why = str(exc)
         nixl.logger.warning(

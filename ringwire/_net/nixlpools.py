@@ -69,7 +69,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .._errors import DecodeError, NeedSlot, ProtocolError, RingwireError
+from .._errors import DecodeError, NeedSlot, NixlUnreachable, ProtocolError, RingwireError
 from .._shm.cuda import cuda_backend
 from .._shm.slotconfig import SlotConfig
 from .._shm.views import HELD
@@ -90,7 +90,6 @@ from .pools import Framed, NetEncoder, NetPlacement, NetRecvPool, NetSendPool
 __all__ = [
     "Landed",
     "Link",
-    "Unreachable",
     "NixlEncoder",
     "NixlPlacement",
     "NixlRecvPool",
@@ -120,11 +119,6 @@ def parse_manifest(data: bytes) -> list[tuple[int, int, int]]:
     if len(data) != 2 + n * _ENTRY.size:
         raise ProtocolError(f"a NIXL transfer list of {len(data)} bytes for {n} entries")
     return [_ENTRY.unpack_from(data, 2 + i * _ENTRY.size) for i in range(n)]
-
-
-class Unreachable(Exception):
-    """NIXL could not load the peer's metadata (UCX found no way to its agent): the
-    connection falls back to ZeroMQ frames (see the module docstring)."""
 
 
 def prepare(budget: int, peer_budget: int) -> Link:
@@ -225,9 +219,9 @@ class Link:
         return self._read_note(body[1:] if body[:1] == b"N" else body)
 
     def load(self, body: bytes) -> None:
-        """Read the peer's note in the handshake.  Raises :class:`Unreachable` when
-        NIXL cannot load its metadata (fall back to frames), :class:`ProtocolError`
-        for a malformed note."""
+        """Read the peer's note in the handshake.  Raises
+        :class:`~ringwire._errors.NixlUnreachable` when NIXL cannot load its metadata
+        (fall back to frames), :class:`ProtocolError` for a malformed note."""
         self._read_note(body[1:] if body[:1] == b"N" else body, handshake=True)
 
     def confirm(self) -> None:
@@ -268,8 +262,9 @@ class Link:
     def _read_note(self, body: bytes, handshake: bool = False) -> None:
         """The peer's note (from the handshake, or an ``N`` message in the transport's
         pump).  Raises :class:`ProtocolError` for a malformed or contradictory note
-        (or, after the handshake, metadata NIXL refuses), :class:`Unreachable` for
-        metadata NIXL refuses in the handshake."""
+        (or, after the handshake, metadata NIXL refuses),
+        :class:`~ringwire._errors.NixlUnreachable` for metadata NIXL refuses in the
+        handshake."""
         try:
             n = _note_decoder.decode(body)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
@@ -297,7 +292,7 @@ class Link:
                 "found no transport to it; UCX_TLS=tcp or UCX_NET_DEVICES choose others)"
             )
             if handshake:
-                raise Unreachable(why) from exc
+                raise NixlUnreachable(why) from exc
             raise ProtocolError(why) from exc
         if name != n.agent:
             raise ProtocolError(f"NIXL metadata of agent {name!r} in a note of {n.agent!r}")
