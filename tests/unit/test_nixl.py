@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -352,6 +353,17 @@ async def test_the_listener_sends_through_nixl_once_the_client_confirmed() -> No
         st = server.statistics()
         assert (st.tensor_path, st.nixl_off, st.nixl_arrays_sent) == ("nixl", "", 1)
         assert client.statistics().nixl_arrays_received == 1
+
+
+@needs_nixl
+def test_an_idle_agent_uses_no_cpu() -> None:
+    """NIXL's Python agent would start a progress thread that spins (sched_yield, no
+    delay): a third of a core or more in every process, idle.  Ours runs without it."""
+    assert nixl.process() is not None
+    time.sleep(nixl.CLOSE_PROGRESS + 0.1)  # (the earlier tests' closes progressed)
+    t0 = time.process_time()
+    time.sleep(1.0)
+    assert time.process_time() - t0 < 0.1
 
 
 def _exchange_sync() -> tuple[bool, bool]:
