@@ -483,6 +483,30 @@ def test_closing_a_subscriber_from_another_thread_wakes_its_receive(bpath):
         bc.send(step(0), timeout=10)  # the broadcast did not fail
 
 
+def test_a_cancelled_send_either_raises_or_reaches_every_reader(bpath):
+    """An async broadcast send under a cancelled scope completes (every reader gets
+    it) or raises with nothing sent -- never raises after sending (the caller would
+    send it twice)."""
+
+    async def main() -> None:
+        got: list[int] = []
+        async with ringwire.broadcast(bpath, readers=1, capacity=SMALL * 4, slots=None) as bc:
+            async with await ringwire.subscribe(bpath, spin_us=0) as sub:
+                await bc.wait_ready(1)
+                sent = []
+                for i in range(100):
+                    with anyio.CancelScope() as scope:
+                        scope.cancel()
+                        await bc.send(step(i))
+                        sent.append(i)
+                await bc.aclose()
+                async for rec in sub:
+                    got.append(digest(rec)[0])
+                assert sent and got == sent
+
+    anyio.run(main)
+
+
 def test_receive_many_and_the_nowait_forms(bpath):
     with ringwire.broadcast_sync(bpath, readers=1, capacity=SMALL * 4, slots=None) as bc:
         sub = ringwire.subscribe_sync(bpath)
