@@ -282,8 +282,9 @@ def test_records_and_an_array_cross_and_kill_9_is_seen(
     cli.wait(10)
     end = _line(hosts, lst, "ended", timeout=10)
     assert end["ended"] == "BrokenResourceError", end
-    # the remote kernel resets the connection: seen at once, not after a heartbeat
-    assert end["at"] - t_kill < 1.0, end
+    # the remote kernel resets the connection: seen at once (the 100 ms), not
+    # after a heartbeat
+    assert end["at"] - t_kill < 0.1, end  # (14-18 ms here, the machine loaded)
 
 
 def _impair(hosts: Hosts, loss: int, delay: bool = False) -> str:
