@@ -628,6 +628,8 @@ class NetAcceptor:
         answer = b"K"
         if not nixl_off:
             link = _nixl_link(self._slots, p.hello.budget)
+            link.confirmed = False  # until the client loaded ours: its Y (before the load,
+            # which decides whether this side may send through NIXL)
             try:
                 nixl_off = _load_note(link, peer_note, peer)
             except BaseException:
@@ -637,7 +639,6 @@ class NetAcceptor:
                 link = None
                 answer = b"K" + encode_control(b"O", nixl_off)
             else:
-                link.confirmed = False  # until the client loaded ours: its Y
                 answer = b"K" + link.note()
         try:
             sock.send_multipart((b"", answer), zmq.NOBLOCK)

@@ -340,6 +340,26 @@ async def test_a_side_that_cannot_load_the_peers_note_turns_nixl_off_for_both(
 
 
 @needs_nixl
+async def test_a_listener_never_confirmed_sends_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until the client's Y the listener may not send through NIXL (the client may not
+    have loaded its note): with the Y lost, its arrays go as frames, intact."""
+    from ringwire._net.nixlpools import Link
+
+    monkeypatch.setattr(Link, "confirm", lambda self: None)
+    client, server = await tcp_pair(slots=BIG)
+    async with client, server:
+        await client.send("hello")  # behind the client's Y
+        assert await server.receive() == "hello"
+        x = np.arange(1 << 16, dtype=np.float32)
+        await server.send(x)
+        np.testing.assert_array_equal(await client.receive(), x)
+        assert server.statistics().nixl_arrays_sent == 0
+        await client.send(x)  # the client's way is confirmed by the listener's K note
+        np.testing.assert_array_equal(await server.receive(), x)
+        assert client.statistics().nixl_arrays_sent == 1
+
+
+@needs_nixl
 async def test_the_listener_sends_through_nixl_once_the_client_confirmed() -> None:
     client, server = await tcp_pair(slots=BIG)
     async with client, server:
