@@ -62,6 +62,7 @@ from .messages import (
     decode_rendezvous,
     encode_control,
     encode_rendezvous,
+    parse_control,
 )
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
 from .transport import NetTransport, close_monitored, configure, context, monitor_of
@@ -399,7 +400,7 @@ def _curve_user(frame: zmq.Frame) -> str:
 
 
 class _Pending:
-    __slots__ = ("sock", "mon", "token", "hello", "deadline", "user", "nixl")
+    __slots__ = ("sock", "mon", "token", "hello", "deadline", "user", "nixl", "link", "fd")
 
     def __init__(
         self,
@@ -418,6 +419,10 @@ class _Pending:
         self.deadline = deadline
         self.user = user  # the client's CURVE key (z85) that said hello (keyed listeners)
         self.nixl = nixl  # what this side offered it (NIXL is on when both did)
+        # answered with our NIXL note: waiting for the client's Y (or O) before the
+        # connection is handed out, with its link and the attach's descriptor
+        self.link: Any = None
+        self.fd = 0
 
 
 class NetAcceptor:
@@ -598,10 +603,13 @@ class NetAcceptor:
         if not _recv_ready(sock):
             if now >= p.deadline:
                 raise HandshakeError(
-                    f"client pid {p.hello.pid} on {p.hello.host!r} did not attach within "
+                    f"client pid {p.hello.pid} on {p.hello.host!r} did not "
+                    f"{'confirm NIXL' if p.link is not None else 'attach'} within "
                     f"{self._timeout} s"
                 )
             return None
+        if p.link is not None:
+            return self._confirmed(p)
         first = sock.recv(zmq.NOBLOCK, copy=False)
         fd = int(first.get(zmq.SRCFD))
         rest = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
@@ -616,7 +624,6 @@ class NetAcceptor:
                 f"the attach on the port given to pid {p.hello.pid} on {p.hello.host!r} "
                 "came with another CURVE key than its hello"
             )
-        host = f"{p.hello.host} pid {p.hello.pid}"
         peer = f"client pid {p.hello.pid} on {p.hello.host!r}"
         link = None
         if not p.hello.nixl:
@@ -628,8 +635,6 @@ class NetAcceptor:
         answer = b"K"
         if not nixl_off:
             link = _nixl_link(self._slots, p.hello.budget)
-            link.confirmed = False  # until the client loaded ours: its Y (before the load,
-            # which decides whether this side may send through NIXL)
             try:
                 nixl_off = _load_note(link, peer_note, peer)
             except BaseException:
@@ -646,8 +651,46 @@ class NetAcceptor:
             if link is not None:
                 _drop_link(link)
             raise
+        if link is not None:  # the client says whether it could load ours: Y or O
+            p.link, p.fd = link, fd
+            return self._confirmed(p) if _recv_ready(sock) else None
+        return self._transport(p, fd, None, nixl_off)
+
+    def _confirmed(self, p: _Pending) -> NetTransport:
+        """The client's answer to our NIXL note (the first message after the attach):
+        ``Y`` (it loaded it: NIXL on) or ``O`` + why (NIXL off: frames)."""
+        link = p.link
+        p.link = None
+        try:
+            msg = p.sock.recv_multipart(zmq.NOBLOCK)
+            peer = f"client pid {p.hello.pid} on {p.hello.host!r}"
+            kind, value = (b"", None)
+            if len(msg) == 2 and msg[0] == b"":
+                with contextlib.suppress(ProtocolError):
+                    kind, value = parse_control(msg[1])
+            if kind not in (b"Y", b"O"):
+                raise HandshakeError(
+                    f"{peer} answered our NIXL note with {msg!r:.100} (expected Y or O)"
+                )
+        except BaseException:
+            _drop_link(link)
+            raise
+        nixl_off = ""
+        if kind == b"O":
+            nixl_off = f"{peer} could not use NIXL with this side: {value}"
+            nixl.logger.warning(
+                "NIXL is off on the connection with %s (tensors travel as ZeroMQ frames): %s",
+                peer,
+                value,
+            )
+            _drop_link(link)
+            link = None
+        return self._transport(p, p.fd, link, nixl_off)
+
+    def _transport(self, p: _Pending, fd: int, link: Any, nixl_off: str) -> NetTransport:
+        host = f"{p.hello.host} pid {p.hello.pid}"
         return _make_transport(
-            sock,
+            p.sock,
             p.mon,
             capacity=p.hello.capacity,
             peer_capacity=p.hello.capacity,
@@ -668,6 +711,9 @@ class NetAcceptor:
         """Close an attach in progress; with a ``reason``, tell the peer on that port
         first (an abort, ``A`` + reason, as on a connection)."""
         self._forget(p)
+        if p.link is not None:
+            _drop_link(p.link)
+            p.link = None
         linger = 0
         if reason is not None:
             with contextlib.suppress(zmq.ZMQError):  # (no peer on the port: nobody to tell)

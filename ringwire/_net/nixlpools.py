@@ -43,16 +43,16 @@ both ways, the link's memory deregistered -- when either could not:
 the listener, at the attach  loads the client's note (``H`` ... note): on success
                              it answers ``K`` + its note, else ``K O`` + why
                              (and drops its link)
-the client, at ``K`` note    loads it: on success it sends ``Y`` (confirmed),
-                             else ``O`` + why (and drops its link); at ``K O``
-                             it drops its link
-the listener, later          sends through NIXL only after ``Y``
-                             (:attr:`Link.confirmed`); ``O`` turns its link off
-                             (:meth:`Link.turn_off`): frames from then on
+the client, at ``K`` note    loads it: on success it sends ``Y``, else ``O`` +
+                             why (and drops its link); at ``K O`` it drops its
+                             link
+the listener, at ``Y``/``O`` hands the connection out: with NIXL at ``Y``,
+                             without (its link dropped) at ``O``
 ==========================  =================================================
 
-The client may send through NIXL at once: ``K`` + note says the listener read its
-metadata.  A fallback is logged (a warning on the ``ringwire`` logger, both ends) and
+So the listener's connection exists only once both ends know, and the client may send
+through NIXL at once (``K`` + note says the listener read its metadata); it costs the
+listener's accept one more message from the client.  A fallback is logged (a warning on the ``ringwire`` logger, both ends) and
 ``statistics().tensor_path`` / ``nixl_off`` say which path a connection's tensors take.
 """
 
@@ -173,10 +173,6 @@ class Link:
 
     def __init__(self, agent: Agent, budget: int, peer_budget: int) -> None:
         self.t: Any = None
-        # the listener sends through NIXL only once the client said it loaded its note
-        # (``Y``); ``off``: why NIXL was turned off on this connection (``O``)
-        self.confirmed = True
-        self.off: str | None = None
         self._peer_reads = False  # the peer's note said it reads through NIXL
         self.agent = agent
         self.budget = budget
@@ -224,30 +220,12 @@ class Link:
         (fall back to frames), :class:`ProtocolError` for a malformed note."""
         self._read_note(body[1:] if body[:1] == b"N" else body, handshake=True)
 
-    def confirm(self) -> None:
-        """The peer loaded this side's note (``Y``): send through NIXL from now on."""
-        if self.off is None:
-            self.confirmed = True
-            self._update_ready()
-
-    def turn_off(self, reason: str) -> None:
-        """NIXL is off on this connection (the peer could not load this side's note,
-        ``O``): nothing more goes through it, and its memory is given back.  Only
-        before any record went through NIXL (the listener waits for ``Y``)."""
-        if self.off is None:
-            self.off = reason
-            self.peer_ready = False
-            self.close_send(False)
-            self.close_recv()
-
     def send_note(self) -> None:
         """Send this side's note again (a new region was registered)."""
         self.t.send_control(self.note())
 
     def _update_ready(self) -> None:
-        self.peer_ready = (
-            self._peer_reads and self.confirmed and self.off is None and 0 in self.send_arenas
-        )
+        self.peer_ready = self._peer_reads and 0 in self.send_arenas
 
     def _note(self) -> bytes:
         note = Note(
@@ -313,7 +291,7 @@ class Link:
         ``None`` when it cannot be made (``failed`` says why)."""
         region = 1 + device
         arena = self.send_arenas.get(region)
-        if self.off is not None or self.closed_send:
+        if self.closed_send:
             return None
         if arena is None and region not in self.failed:
             try:
@@ -342,8 +320,8 @@ class Link:
         entries = parse_manifest(parts[-2].bytes)
         if entries and self.peer_name is None:
             raise ProtocolError("a NIXL transfer list before the peer's NIXL note")
-        if entries and (self.off is not None or self.closed_recv):
-            raise ProtocolError("a NIXL transfer list after NIXL was turned off")
+        if entries and self.closed_recv:
+            raise ProtocolError("a NIXL transfer list after this side closed")
         while self.freed:
             region, offset = self.freed.popleft()
             self.live.get(region, {}).pop(offset, None)

@@ -25,9 +25,9 @@ byte   body                  meaning
 ``K``                        the server's answer to the attach
 ``N``  msgpack ``Note``      NIXL: the peer's agent metadata and regions (only on a
                              connection that negotiated NIXL, :mod:`.nixl`)
-``Y``                        NIXL: the client loaded the listener's note (the listener
-                             may send through NIXL now; :mod:`.nixlpools`)
-``O``  UTF-8 reason          NIXL: the client could not load it: NIXL is off, frames
+``Y``                        NIXL: the client loaded the listener's note (handshake
+                             only, the listener's last step: :mod:`.nixlpools`)
+``O``  UTF-8 reason          NIXL: the client could not: NIXL off, frames (handshake)
 =====  ====================  ===========================================================
 
 On a connection that negotiated NIXL a record whose last frame is empty carries a
@@ -71,7 +71,6 @@ sends and receives from two threads).
 from __future__ import annotations
 
 import contextlib
-import logging
 import select
 import socket
 import struct
@@ -97,8 +96,6 @@ from .zmqlife import (
     reap,
     retire,
 )
-
-logger = logging.getLogger("ringwire")
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
@@ -380,8 +377,7 @@ class NetTransport:
     def tensor_path(self) -> str:
         """``"nixl"`` (arrays may go through NIXL) or ``"frames"`` (ZeroMQ frames;
         :attr:`nixl_off` says why)."""
-        holder = self.holder
-        return "nixl" if holder is not None and holder.off is None else "frames"
+        return "nixl" if self.holder is not None else "frames"
 
     # -- sending ----------------------------------------------------------------------
 
@@ -638,16 +634,6 @@ class NetTransport:
                 self._reason = value
             elif kind == b"B":
                 self.gone = True
-            elif kind == b"Y" and self.holder is not None:
-                self.holder.confirm()
-            elif kind == b"O" and self.holder is not None:
-                self.nixl_off = f"{self.address} could not use NIXL with this side: {value}"
-                logger.warning(
-                    "NIXL is off on the connection %s (tensors travel as ZeroMQ frames): %s",
-                    self.address,
-                    value,
-                )
-                self.holder.turn_off(self.nixl_off)
             else:
                 raise ProtocolError(f"a handshake message {body[:1]!r} after the attach")
         except ProtocolError as exc:
