@@ -386,6 +386,17 @@ async def test_a_client_that_never_answers_the_note_is_refused_in_time(
             await anyio.sleep(0.01)
 
 
+@needs_nixl
+def test_an_idle_agent_uses_no_cpu() -> None:
+    """NIXL's Python agent would start a progress thread that spins (sched_yield, no
+    delay): a third of a core or more in every process, idle.  Ours runs without it."""
+    assert nixl.process() is not None
+    time.sleep(nixl.CLOSE_PROGRESS + 0.1)  # (the earlier tests' closes progressed)
+    t0 = time.process_time()
+    time.sleep(1.0)
+    assert time.process_time() - t0 < 0.1
+
+
 def _exchange_sync() -> tuple[bool, bool]:
     """One array over a fresh tcp:// pair of this process: (intact, through NIXL)."""
     with ringwire.SyncListener("tcp://127.0.0.1:0") as sl:
