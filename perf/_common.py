@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
+    "write_report",
     "Stats",
     "summarize",
     "time_callable",
@@ -273,6 +274,39 @@ def machine_info(packages: Sequence[str] = ()) -> dict[str, Any]:
         else:
             info[name] = getattr(mod, "__version__", "unknown")
     return info
+
+
+def write_report(
+    path: str | os.PathLike[str],
+    benchmark: str,
+    mode: str,
+    seconds: float,
+    loads: tuple[Sequence[float], Sequence[float]],
+    machine: Mapping[str, Any],
+    results: Any,
+    targets: Any,
+    **extra: Any,
+) -> None:
+    """Write a run's JSON report (the parent folder made as needed): the benchmark,
+    its mode, how long it took, the load average at start and end, the machine, the
+    results and the targets (``extra`` keys go before the machine)."""
+    import json
+    from pathlib import Path
+
+    doc = {
+        "benchmark": benchmark,
+        "mode": mode,
+        "seconds": seconds,
+        "load_start": loads[0],
+        "load_end": loads[1],
+        **extra,
+        "machine": machine,
+        "results": results,
+        "targets": targets,
+    }
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2))
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import struct
@@ -60,6 +59,7 @@ from perf._common import (
     interleaved_async,
     machine_info,
     summarize,
+    write_report,
 )
 
 MiB = 1 << 20
@@ -381,20 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{load1[0]:.2f} at end; UCX transports: {tls}\n"
     )
     print(text)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "benchmark": "nixl",
-        "mode": mode_name,
-        "seconds": seconds,
-        "load_start": load0,
-        "load_end": load1,
-        "ucx_tls": tls,
-        "machine": machine,
-        "results": res,
-        "targets": targets,
-    }
-    out.write_text(json.dumps(doc, indent=2))
+    write_report(
+        args.json, "nixl", mode_name, seconds, (load0, load1), machine, res, targets, ucx_tls=tls
+    )
     return 0
 
 

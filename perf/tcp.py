@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -64,6 +63,7 @@ from perf._common import (
     interleaved_async,
     machine_info,
     summarize,
+    write_report,
 )
 
 MiB = 1 << 20
@@ -612,19 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{load1[0]:.2f} at end\n"
     )
     print(text)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "benchmark": "tcp",
-        "mode": mode_name,
-        "seconds": seconds,
-        "load_start": load0,
-        "load_end": load1,
-        "machine": machine,
-        "results": res,
-        "targets": targets,
-    }
-    out.write_text(json.dumps(doc, indent=2))
+    write_report(args.json, "tcp", mode_name, seconds, (load0, load1), machine, res, targets)
     return 0
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -52,6 +51,7 @@ from perf._common import (
     interleaved_async,
     machine_info,
     summarize,
+    write_report,
 )
 
 MiB = 1 << 20
@@ -395,19 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{load0[0]:.2f} at start, {load1[0]:.2f} at end\n"
     )
     print(text)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "benchmark": "tcp_curve",
-        "mode": mode_name,
-        "seconds": seconds,
-        "load_start": load0,
-        "load_end": load1,
-        "machine": machine,
-        "results": res,
-        "targets": targets,
-    }
-    out.write_text(json.dumps(doc, indent=2))
+    write_report(args.json, "tcp_curve", mode_name, seconds, (load0, load1), machine, res, targets)
     return 0
 
 
