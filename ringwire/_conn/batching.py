@@ -155,7 +155,6 @@ def read_ring_batch(
     never decoded twice).  Raises :class:`DecodeError` for an undecodable first frame
     (consumed, its references salvaged) and ``BrokenResourceError`` for a corrupt
     ring (the connection is broken)."""
-    rx: Any = core.rx  # a ring lane: its read_many takes on_error
     peer = core.peer
     out: list[Any] = []
     # (payload, error message) of an undecodable frame; no exception objects here:
@@ -170,9 +169,30 @@ def read_ring_batch(
                 failures.append((bytes(view), str(err)))
             raise
 
+    nbytes = read_batch(core, dec.raw_decode, max_n, out, failures, on_error)
+    return out, nbytes, failures[-1] if failures else None
+
+
+def read_batch(
+    core: Endpoint,
+    decode: Any,
+    max_n: int,
+    out: list[Any],
+    failures: list[tuple[bytes, str]],
+    on_error: Any = None,
+) -> int:
+    """``core.rx.read_many`` (with ``on_error`` where given: a ring lane) into ``out``;
+    its payload bytes.  Whatever happens, what was read is committed (and the writer
+    rung for the space).  An undecodable frame (``DecodeError``; ``failures`` has its
+    payload last) is consumed and its references salvaged; a corrupt ring breaks the
+    connection (``BrokenResourceError``)."""
+    rx: Any = core.rx
     try:
-        nbytes = rx.read_many(dec.raw_decode, max_n, out, on_error)
+        if on_error is None:
+            return int(rx.read_many(decode, max_n, out))
+        return int(rx.read_many(decode, max_n, out, on_error))
     except DecodeError:
+        peer = core.peer
         if peer is not None and failures:  # the frame was consumed
             peer.salvage(failures[-1][0])
         raise
@@ -184,4 +204,3 @@ def read_ring_batch(
             rx.commit()
             if rx.writer_needs_doorbell():
                 core.ring(DOORBELL_SPACE)
-    return out, nbytes, failures[-1] if failures else None

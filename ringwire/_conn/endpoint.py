@@ -88,6 +88,7 @@ from .batching import (
     decode_failed,
     encode_batch,
     keep_placement,
+    read_batch,
     read_ring_batch,
 )
 from .statistics import ChannelStatistics, channel_statistics
@@ -611,7 +612,6 @@ class Endpoint:
             self.raise_state()
         if self.slots_on:
             self.slot_safe_point()
-        rx = self.rx
         out: list[Any] = []
         # (payload, error message) of an undecodable frame; no exception objects here:
         # their tracebacks' frames would hold this batch's records
@@ -640,20 +640,7 @@ class Endpoint:
                     raise
 
             decode = decode_resolving
-        try:
-            nbytes = rx.read_many(decode, max_n, out)
-        except DecodeError:
-            if peer is not None and failures:  # the frame was consumed
-                peer.salvage(failures[-1][0])
-            raise
-        except RingCorrupted as exc:
-            self.break_(exc)
-            raise BrokenResourceError(f"connection broken: {exc}") from exc
-        finally:
-            if rx.pending:
-                rx.commit()
-                if rx.writer_needs_doorbell():
-                    self.ring(DOORBELL_SPACE)
+        nbytes = read_batch(self, decode, max_n, out, failures)
         if failures:  # the batch ended before an undecodable frame, left unread
             self._undecodable = failures[-1]
         self.n_recv += len(out)
