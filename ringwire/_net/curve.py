@@ -15,7 +15,7 @@ The authenticator
 -----------------
 libzmq asks a ZAP handler (a socket bound at ``inproc://zeromq.zap.01`` of the
 socket's context) whether a client's key may connect, and waits for the answer.  This
-process's one context (:func:`~.transport.context`) gets one handler, shared by every
+process's one context (:func:`~.zmqlife.context`) gets one handler, shared by every
 keyed listener of the process, each under a ZAP domain of its own (:class:`Guard`):
 pyzmq's :class:`zmq.auth.Authenticator` (the ZAP protocol and the key check, through
 its credentials callback) answering from a thread of ours, ``ringwire-zap``.  It is
@@ -63,7 +63,7 @@ from zmq.auth.base import Authenticator
 
 from .._errors import HandshakeError, PeerCredentialsError
 from .keys import PUBLIC_SUFFIX, SECRET_SUFFIX, ClientKeys, ServerKeys
-from .transport import context
+from .zmqlife import context
 
 __all__ = ["FAILED_EVENTS", "Guard", "client_refusal", "flood", "secure_client", "server_refusal"]
 

@@ -65,7 +65,8 @@ from .messages import (
     parse_control,
 )
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
-from .transport import NetTransport, close_monitored, configure, context, monitor_of
+from .transport import NetTransport
+from .zmqlife import close_monitored, configure, context, monitor_of
 
 __all__ = [
     "Address",

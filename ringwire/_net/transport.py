@@ -86,29 +86,9 @@ from .._errors import FrameTooLarge, ProtocolError
 from .._wire.control import PROTOCOL_VERSION
 from .messages import MAX_REASON, check_credit, parse_control
 from .status import open_slot
-from .zmqlife import (
-    GONE_EVENTS,
-    HANDSHAKE_FAILED,
-    close_monitored,
-    configure,
-    context,
-    monitor_of,
-    reap,
-    retire,
-)
+from .zmqlife import GONE_EVENTS, HANDSHAKE_FAILED, retire
 
-__all__ = [
-    "DEFAULT_HEARTBEAT",
-    "NetReader",
-    "NetTransport",
-    "NetWriter",
-    "close_monitored",
-    "configure",
-    "context",
-    "monitor_of",
-    "reap",
-    "retire",
-]
+__all__ = ["DEFAULT_HEARTBEAT", "NetReader", "NetTransport", "NetWriter"]
 
 DEFAULT_HEARTBEAT = 3.0
 """Seconds without a sign of life after which a silent peer is declared gone."""
