@@ -146,7 +146,6 @@ def _make_transport(
     nixl_off: str = "",
 ) -> NetTransport:
     def pools(t: NetTransport) -> tuple[Any, Any, Any]:
-        t.nixl_off = nixl_off
         if link is not None:
             from .nixlpools import nixl_pools
 
@@ -157,7 +156,7 @@ def _make_transport(
         copy = slots.copy_out if slots is not None else False
         return send, NetRecvPool(t, copy), NetEncoder()
 
-    return NetTransport(
+    t = NetTransport(
         sock,
         mon,
         capacity=capacity,
@@ -167,6 +166,8 @@ def _make_transport(
         address=address,
         pools=pools,
     )
+    t.nixl_off = nixl_off
+    return t
 
 
 def _budget(slots: SlotConfig | None) -> int:
@@ -193,17 +194,22 @@ def _load_note(link: Any, note: bytes, peer: str) -> str:
     try:
         link.load(note)
     except NixlUnreachable as exc:
-        _drop_link(link)
-        why = str(exc)
-        nixl.logger.warning(
-            "NIXL is off on the connection with %s (tensors travel as ZeroMQ frames): %s",
-            peer,
-            why,
-        )
-        return why
+        return _nixl_off(link, peer, str(exc))
     except ProtocolError as exc:
         raise HandshakeError(f"{peer} sent a bad NIXL note: {exc}") from None
     return ""
+
+
+def _nixl_off(link: Any, peer: str, why: str) -> str:
+    """NIXL is off on the connection with ``peer``: drop ``link``, say so (a warning),
+    and return ``why``."""
+    _drop_link(link)
+    nixl.logger.warning(
+        "NIXL is off on the connection with %s (tensors travel as ZeroMQ frames): %s",
+        peer,
+        why,
+    )
+    return why
 
 
 def _no_nixl_here() -> str:
@@ -341,18 +347,13 @@ def client_handshake(
             # (first on the connection: the listener sends through NIXL only after Y)
             _send_now(pair, [b"", encode_control(b"O", nixl_off) if nixl_off else b"Y"])
         elif link is not None:
-            nixl_off = (
+            nixl_off = _nixl_off(
+                link,
+                f"the listener at {url}",
                 f"the listener at {url} could not use NIXL with this side: {value}"
                 if kind == b"O"
-                else f"the listener at {url} took no NIXL"
+                else f"the listener at {url} took no NIXL",
             )
-            nixl.logger.warning(
-                "NIXL is off on the connection with the listener at %s (tensors travel as "
-                "ZeroMQ frames): %s",
-                url,
-                nixl_off,
-            )
-            _drop_link(link)
         if nixl_off:
             link = None
         t = _make_transport(
@@ -678,13 +679,7 @@ class NetAcceptor:
             raise
         nixl_off = ""
         if kind == b"O":
-            nixl_off = f"{peer} could not use NIXL with this side: {value}"
-            nixl.logger.warning(
-                "NIXL is off on the connection with %s (tensors travel as ZeroMQ frames): %s",
-                peer,
-                value,
-            )
-            _drop_link(link)
+            nixl_off = _nixl_off(link, peer, f"{peer} could not use NIXL with this side: {value}")
             link = None
         return self._transport(p, p.fd, link, nixl_off)
 

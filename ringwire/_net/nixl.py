@@ -349,25 +349,29 @@ class Agent:
                 time.sleep(min(pause, SERVE_POLL) if self._serving else pause)
             else:
                 pause = 0.0
-                if self._serving:
-                    self._progress()
+                if self._serving and self._still_out():
+                    self._progress()  # for the peers reading this process's arrays
                     time.sleep(SERVE_POLL)
                 elif time.monotonic() < self._closing_until:  # (then waits 5 ms)
-                    with self.lock, contextlib.suppress(Exception):
-                        self.nixl.get_new_notifs()
+                    self._progress()
                 elif self._retired and not self._active and not self._new:
                     time.sleep(0.02)  # a lingering arena: look again soon
 
-    def _progress(self) -> None:
-        """Progress UCX for the peers reading this process's arrays (any call into
-        the backend progresses its worker: the notifications are not used)."""
+    def _still_out(self) -> bool:
+        """Are arrays this process sent through NIXL still out?  Clears ``_serving``
+        when none is (and none went out while it looked)."""
         with self._cond:
             served = self._served
-        if not self._still_serving():
-            with self._cond:
-                if self._served == served:  # (none went out while we looked)
-                    self._serving = False
-            return
+        if self._still_serving():
+            return True
+        with self._cond:
+            if self._served == served:
+                self._serving = False
+        return False
+
+    def _progress(self) -> None:
+        """Progress UCX (any call into the backend progresses its worker: the
+        notifications are not used)."""
         with self.lock, contextlib.suppress(Exception):
             self.nixl.get_new_notifs()
 
