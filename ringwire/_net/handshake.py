@@ -426,6 +426,11 @@ class _Pending:
         self.link: Any = None
         self.fd = 0
 
+    @property
+    def client(self) -> str:
+        """The client, for messages: ``client pid N on 'host'``."""
+        return f"client pid {self.hello.pid} on {self.hello.host!r}"
+
 
 class NetAcceptor:
     """The listening side: the rendezvous socket and the attaches in progress.
@@ -605,7 +610,7 @@ class NetAcceptor:
         if not _recv_ready(sock):
             if now >= p.deadline:
                 raise HandshakeError(
-                    f"client pid {p.hello.pid} on {p.hello.host!r} did not "
+                    f"{p.client} did not "
                     f"{'confirm NIXL' if p.link is not None else 'attach'} within "
                     f"{self._timeout} s"
                 )
@@ -626,7 +631,7 @@ class NetAcceptor:
                 f"the attach on the port given to pid {p.hello.pid} on {p.hello.host!r} "
                 "came with another CURVE key than its hello"
             )
-        peer = f"client pid {p.hello.pid} on {p.hello.host!r}"
+        peer = p.client
         link = None
         if not p.hello.nixl:
             nixl_off = f"{peer} offered no NIXL"
@@ -665,7 +670,7 @@ class NetAcceptor:
         p.link = None
         try:
             msg = p.sock.recv_multipart(zmq.NOBLOCK)
-            peer = f"client pid {p.hello.pid} on {p.hello.host!r}"
+            peer = p.client
             kind, value = (b"", None)
             if len(msg) == 2 and msg[0] == b"":
                 with contextlib.suppress(ProtocolError):
