@@ -541,12 +541,171 @@ def m_handoff(n: int, warm: int, loaned: bool) -> dict[str, Any]:
         hs.close()
 
 
+# --------------------------------------------------------------------------- broadcast, calls
+#
+# These two touch entry points whose keywords were renamed (issue 23: ``timeout=`` became
+# ``handshake_timeout=`` on subscribe / connect): the same file runs against both trees, so
+# the keyword is chosen once per call site from the signature.
+
+
+def _handshake_kw(fn: Callable[..., Any], seconds: float = SETUP_S) -> dict[str, Any]:
+    """``{"handshake_timeout": s}`` where ``fn`` takes it, else the older ``{"timeout": s}``."""
+    import inspect
+
+    names = inspect.signature(fn).parameters
+    return {"handshake_timeout" if "handshake_timeout" in names else "timeout": seconds}
+
+
+class Step(msgspec.Struct, array_like=True):
+    """A ~100-byte broadcast step carrying the writer's clock at send (one host clock)."""
+
+    seq: int
+    t: int
+    tokens: list[int]
+    model: str
+
+
+def _h_subscriber(ctrl: Any, path: str, rank: int, spin_us: float, total: int) -> None:
+    """Receive ``total`` steps; report each step's latency (receive clock - ``t``) and
+    the clock when the last one arrived."""
+    import ringwire
+
+    with ringwire.subscribe_sync(
+        path, rank=rank, type=Step, spin_us=spin_us, **_handshake_kw(ringwire.subscribe_sync)
+    ) as sub:
+        _ready(ctrl)
+        lat = []
+        recv = sub.receive
+        for _ in range(total):
+            rec = recv(WAIT_S)
+            lat.append(clock() - rec.t)
+        _finish(ctrl, {"lat": lat, "end": clock()})
+
+
+def _broadcast_run(n: int, warm: int, readers: int, spin_us: float, gap_s: float, workdir: str) -> tuple[list[dict[str, Any]], int]:
+    import ringwire
+
+    path = os.path.join(workdir, f"bcast-{os.getpid()}-{next(_sock_ids)}.sock")
+    hs = Helpers()
+    try:
+        with ringwire.broadcast_sync(path, readers=readers, slots=None) as bc:
+            ctrls = [hs.start(_h_subscriber, path, r, spin_us, warm + n) for r in range(readers)]
+            for c in ctrls:
+                hs.expect(c, "ready")
+            bc.wait_ready(readers, timeout=SETUP_S)
+            tokens = list(range(16))
+            send = bc.send
+            t_first = 0
+            gc.disable()
+            try:
+                for i in range(warm + n):
+                    if i == warm:
+                        t_first = clock()
+                    send(Step(i, clock(), tokens, "m"), timeout=WAIT_S)
+                    if gap_s:
+                        time.sleep(gap_s)
+            finally:
+                gc.enable()
+            infos = [hs.expect(c, "done") for c in ctrls]
+        return infos, t_first
+    finally:
+        hs.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def m_bcast_step(n: int, warm: int, workdir: str, readers: int = 2) -> dict[str, Any]:
+    """(h) broadcast step latency: one ``broadcast_sync`` writer, ``readers`` parked
+    ``subscribe_sync`` readers (``spin_us=0``), steps paced 1 ms apart; per step the
+    slowest reader's "writer send -> decoded"."""
+    infos, _ = _broadcast_run(n, warm, readers, 0.0, 0.001, workdir)
+    steps = [max(info["lat"][i] for info in infos) for i in range(warm, warm + n)]
+    return _rt_result(steps)
+
+
+def m_bcast_tp(n: int, warm: int, workdir: str, readers: int = 2) -> dict[str, Any]:
+    """(i) broadcast throughput: the same writer and readers (default spin), steps sent
+    back to back; steps/s from the first measured send until the last reader has all."""
+    infos, t_first = _broadcast_run(n, warm, readers, ringwire_default_spin(), 0.0, workdir)
+    elapsed = max(info["end"] for info in infos) - t_first
+    return {"value": n / elapsed * 1e9, "n": n, "seconds": elapsed / 1e9}
+
+
+def ringwire_default_spin() -> float:
+    import ringwire
+
+    return float(getattr(ringwire, "DEFAULT_SPIN_US", 50.0))
+
+
+def _h_call_server(ctrl: Any, end: Any) -> None:
+    import ringwire
+
+    async def main() -> None:
+        chan = await end.connect(type=Req, **_handshake_kw(end.connect))
+        try:
+            _ready(ctrl)
+
+            async def echo(req: Any) -> Any:
+                return req
+
+            await ringwire.serve(chan, echo)
+        finally:
+            await chan.aclose()
+
+    asyncio.run(main())
+    _finish(ctrl)
+
+
+def m_call_rt(n: int, warm: int) -> dict[str, Any]:
+    """(j) asyncio ``Client.call`` round trip of the 100-byte record to an ``async def``
+    echo handler under ``ringwire.serve`` in another process (default spin)."""
+    import ringwire
+
+    hs = Helpers()
+    a, b = ringwire.pair()
+    try:
+        ctrl = hs.start(_h_call_server, b)
+
+        async def main() -> list[int]:
+            chan = await a.connect(type=Req, **_handshake_kw(a.connect))
+            try:
+                await hs.aexpect(ctrl, "ready")
+                out = []
+                async with ringwire.Client(chan) as client:
+                    call = client.call
+                    rec = make_record(0)
+                    for _ in range(warm):
+                        await call(rec)
+                    gc.disable()
+                    try:
+                        for i in range(n):
+                            rec.seq = i
+                            t0 = clock()
+                            await call(rec)
+                            out.append(clock() - t0)
+                    finally:
+                        gc.enable()
+            finally:
+                await chan.aclose()
+            await hs.aexpect(ctrl, "done")
+            return out
+
+        return _rt_result(asyncio.run(main()))
+    finally:
+        a.close()
+        b.close()
+        hs.close()
+
+
 MEASUREMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "async_rt": m_async_rt,
     "sync_rt": m_sync_rt,
     "tp": m_tp,
     "fanin": m_fanin,
     "handoff": m_handoff,
+    "bcast_step": m_bcast_step,
+    "bcast_tp": m_bcast_tp,
+    "call_rt": m_call_rt,
 }
 
 

@@ -170,6 +170,33 @@ MEASURES = (
         (600, 30),
         (200, 10),
     ),
+    Measure(
+        "bcast_step",
+        "(h) broadcast step, 2 parked readers (spin_us=0), steps 1 ms apart, 100 B",
+        "µs",
+        "bcast_step",
+        {"readers": 2},
+        (3000, 300),
+        (1000, 100),
+    ),
+    Measure(
+        "bcast_tp",
+        "(i) broadcast throughput, 2 readers (default spin), back to back, 100 B",
+        "records/s",
+        "bcast_tp",
+        {"readers": 2},
+        (100000, 10000),
+        (30000, 3000),
+    ),
+    Measure(
+        "call_rt",
+        "(j) Client.call round trip to an async serve() echo, 100 B, asyncio",
+        "µs",
+        "call_rt",
+        {},
+        (8000, 800),
+        (3000, 300),
+    ),
 )
 BY_KEY = {m.key: m for m in MEASURES}
 
@@ -657,7 +684,11 @@ def main(argv: list[str] | None = None) -> int:
                 call_args = {"n": n, "warm": warm, **meas.args}
                 for side in order:
                     d = drivers[side]
-                    a = dict(call_args, workdir=str(d.work)) if meas.m == "fanin" else call_args
+                    a = (
+                        dict(call_args, workdir=str(d.work))
+                        if meas.m in ("fanin", "bcast_step", "bcast_tp")
+                        else call_args
+                    )
                     t0 = time.monotonic()
                     try:
                         res = d.call(meas.m, a, CALL_TIMEOUT_S)
