@@ -323,8 +323,18 @@ class Endpoint:
     # -- slots: safe points, encoding with placement -----------------------------------
 
     def require_pool(self) -> SendPool:
+        """This endpoint's send pool, for an operation that needs one (a loan, a wait
+        for a slot).
+
+        Raises :class:`RingwireError` itself -- no subclass -- if it has none: opening
+        with ``slots=None`` and then asking for a slot is a misuse of the endpoint, not
+        a pool that is exhausted (:class:`SlotsExhausted` would say "wait or retry", and
+        no wait ever helps).  The broadcast writer raises the same."""
         if self.pool is None:
-            raise RingwireError("this endpoint has no slot pool (it was opened with slots=None)")
+            raise RingwireError(
+                "this endpoint has no slot pool (it was opened with slots=None): open it "
+                "with a SlotConfig to loan slots, or send arrays inline"
+            )
         return self.pool
 
     def slot_safe_point(self) -> None:

@@ -261,9 +261,15 @@ def test_kill_producer_drains_then_broken_fast(backend):
                 assert got == list(range(n))
                 t0 = time.perf_counter()
                 with pytest.raises(BrokenResourceError):
-                    with anyio.fail_after(5):
+                    with anyio.fail_after(5):  # (a hang fails here, not at the suite's timeout)
                         await ch.receive()
-                assert time.perf_counter() - t0 < 5
+                # "fast": the death is older than the drain, so the receive after the last
+                # record must not wait for anything.  Measured 0.4-8 ms on a loaded 2-vCPU
+                # machine; the bound is the 100 ms that test_parked_receiver_notices_death_
+                # within_100ms promises from the kill itself, plus 100 ms for a process
+                # descheduled under load
+                elapsed = time.perf_counter() - t0
+                assert elapsed < 0.2, f"broken after {elapsed:.3f} s"
                 with pytest.raises(BrokenResourceError):
                     await ch.send(1)
 

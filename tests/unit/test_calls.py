@@ -864,7 +864,7 @@ def test_sync_client_server_gone_fails_every_waiting_thread() -> None:
             server_chan["chan"] = chan
             server_chan["token"] = anyio.lowlevel.current_token()
             loop_ready.set()
-            with pytest.raises(Exception):  # noqa: B017 - closed under it
+            with pytest.raises(ClosedResourceError):  # its channel was closed under it
                 await serve(chan, handler)
 
         anyio.run(main)

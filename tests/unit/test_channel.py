@@ -951,6 +951,91 @@ def test_sync_threads_lose_no_wakeup_to_a_drain_elsewhere(kind):
         assert sorted(replies) == sorted(sent) and len(sent) == n * threads
 
 
+class _HeldPoll:
+    """Stands in for a :class:`SyncWaker`'s ``poll`` object: the thread that calls
+    ``poll()`` -- the waker's one poller -- says so, then waits for ``go`` before it
+    really polls.  A test thus knows that a thread is *the* poller and lets other
+    threads act before the real ``poll()`` looks at the descriptors: without it, the
+    poller usually wins the race for the readiness and the lost wake-up hides."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def register(self, *args: Any) -> None:
+        self.real.register(*args)
+
+    def unregister(self, *args: Any) -> None:
+        self.real.unregister(*args)
+
+    def poll(self, *args: Any) -> Any:
+        self.entered.set()
+        self.go.wait(10)
+        return self.real.poll(*args)
+
+
+@BOTH
+def test_sync_end_learned_by_another_thread_wakes_the_poller(kind):
+    """Issue 23: one thread receives and sleeps in the waker's ``poll()``; the peer
+    sends its end of stream (its socket stays open: nothing else will ever make the
+    descriptor readable again); another thread learns of the end first -- its
+    ``poll_peer`` drains the doorbell (shm) or the eventfd and the ZeroMQ socket (tcp)
+    that the poller sleeps on.  The poller must wake at once with ``EndOfStream`` (the
+    waker's own wake descriptor, rung by the drain), not sleep out its timeout, and a
+    third thread queued behind it for the receive lock must get ``EndOfStream`` too.
+    Before the fix the poller slept the whole 3 s and the test failed on both kinds."""
+    a, b = sync_pair(kind, capacity=SMALL, spin_us=0)
+    with a, b:
+        held = _HeldPoll(b._waker._poll)
+        b._waker._poll = held
+        got: dict[str, tuple[BaseException | None, float]] = {}
+
+        def receiver(name: str) -> None:
+            t0 = time.monotonic()
+            err: BaseException | None = None
+            try:
+                b.receive(timeout=3)
+            except BaseException as exc:
+                err = exc
+            got[name] = (err, time.monotonic() - t0)
+
+        poller = threading.Thread(target=receiver, args=("poller",))
+        poller.start()
+        assert held.entered.wait(5), "the receiver never reached poll()"
+        queued = threading.Thread(target=receiver, args=("queued",))
+        queued.start()
+        a.send_eof()
+        # another thread learns of the end: drain until it has (over TCP the E
+        # message crosses ZeroMQ's I/O thread first)
+        learner_done = threading.Event()
+
+        def learner() -> None:
+            deadline = time.monotonic() + 5
+            b.poll_peer()
+            while not b._core.rx.writer_closed and time.monotonic() < deadline:
+                time.sleep(0.001)
+                b.poll_peer()
+            learner_done.set()
+
+        t = threading.Thread(target=learner)
+        t.start()
+        t.join(6)
+        assert learner_done.is_set() and b._core.rx.writer_closed
+        t0 = time.monotonic()
+        held.go.set()  # the poller now really polls, the readiness already taken
+        poller.join(5)
+        queued.join(5)
+        woke_after = time.monotonic() - t0
+        assert not poller.is_alive() and not queued.is_alive()
+        # a poller that slept out its timeout took ~3 s; waking at once takes
+        # milliseconds (1 s leaves room for a loaded machine)
+        assert woke_after < 1.0, f"the poller woke {woke_after:.2f} s after the end: {got}"
+        for name in ("poller", "queued"):
+            err, _ = got[name]
+            assert isinstance(err, EndOfStream), (name, err)
+
+
 def test_sync_listener(tmp_path):
     path = tmp_path / "s.sock"
     with SyncListener(path, spin_us=0) as lst:

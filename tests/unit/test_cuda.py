@@ -255,8 +255,14 @@ async def test_explicit_release_and_copy_out(fake) -> None:
     async with c, d:
         await c.send(fake.tensor(torch.full((4096,), 3.0)))
         y = await d.receive()
-        assert not fake.is_device_tensor(y) or True  # a private clone
-        await until(lambda: cuda_in_use(c) == 0)
+        # a private clone: memory of its own, in no pool mapping (the fake's clone of a
+        # view is host memory; on a GPU it is a device tensor of its own)
+        assert not fake.is_device_tensor(y)
+        await until(lambda: cuda_in_use(c) == 0)  # the slot went back, y alive
+        # the slot is used again: a view into it (a use after release) would now read 9
+        await c.send(fake.tensor(torch.full((4096,), 9.0)))
+        z = await d.receive()
+        assert torch.equal(z, torch.full((4096,), 9.0))
         assert torch.equal(y, torch.full((4096,), 3.0))
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections import deque
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.ringmodel import RingModel
 
 import ringwire
 from ringwire._errors import RingCorrupted
@@ -76,7 +76,9 @@ def test_any_writer_with_any_reader_against_a_queue_model(w_impl, r_impl, start,
     struct.pack_into("=Q", buf, 64, start)
     struct.pack_into("=Q", buf, 128, start)
     w, r = writer_cls(w_impl)(buf), reader_cls(r_impl)(buf)
-    model: deque[bytes] = deque()
+    # every write that fits succeeds and every one that does not fails (the rules:
+    # tests/support/ringmodel.py); the reader hands back exactly what was written
+    model = RingModel(CAP, start)
     serial = 0
 
     def payload(n: int) -> bytes:
@@ -87,32 +89,36 @@ def test_any_writer_with_any_reader_against_a_queue_model(w_impl, r_impl, start,
     for op, arg in ops:
         if op == "write":
             p = payload(arg)
-            if w.try_write(p):
-                model.append(p)
+            fits = model.fits(arg)
+            assert w.try_write(p) is model.write(p), f"a {arg}-byte write that fits={fits}"
         elif op == "many":
             ps = [payload(n) for n in arg]
             n, nbytes = w.write_many(ps)
-            model.extend(ps[:n])
+            assert n == model.write_many(ps), arg
             assert nbytes == sum(len(p) for p in ps[:n])
         elif op == "read":
             for _ in range(arg):
                 v = r.next_frame()
+                want = model.read()
                 if v is None:
-                    assert not model
+                    assert want is None
                     break
-                assert bytes(v) == model.popleft()
+                assert bytes(v) == want
                 v.release()
             r.commit()
+            model.commit()
         else:
             out: list[bytes] = []
             nbytes = r.read_many(bytes, arg, out)
-            for got in out:
-                assert got == model.popleft()
+            assert out == [model.read() for _ in range(min(arg, len(model)))]
             assert nbytes == sum(map(len, out))
             r.commit()
+            model.commit()
+        assert struct.unpack_from("=Q", buf, 64)[0] == model.tail
+        assert struct.unpack_from("=Q", buf, 128)[0] == model.head
     out = []
     r.read_many(bytes, 10_000, out)
-    assert out == list(model)
+    assert out == model.payloads()
     w.release()
     r.release()
 

@@ -12,6 +12,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.ringmodel import RingModel
 
 from ringwire._errors import EncodeError, FrameTooLarge, RingCorrupted
 from ringwire._wire import lanes
@@ -441,10 +442,13 @@ def test_release_views():
     ),
 )
 def test_against_a_queue_model(start, ops):
+    """Every write that fits (skip at the end included) succeeds, every one that does
+    not fails, and the reader hands back exactly what was written (tests/support/
+    ringmodel.py states the rules)."""
     buf, _, _ = make()
     set_counters(buf, start)
     w, r = RingWriter(buf), RingReader(buf)
-    model: list[bytes] = []
+    model = RingModel(CAP, start)
     counter = 0
 
     def payload(n: int) -> bytes:
@@ -455,25 +459,30 @@ def test_against_a_queue_model(start, ops):
     for op, arg in ops:
         if op == "w":
             p = payload(arg)
-            if w.try_write(p):
-                model.append(p)
+            fits = model.fits(arg)
+            assert w.try_write(p) is model.write(p), f"a {arg}-byte write that fits={fits}"
         elif op == "m":
             ps = [payload(n) for n in arg]
-            k, _ = w.write_many(ps)
-            model.extend(ps[:k])
+            k, nbytes = w.write_many(ps)
+            assert k == model.write_many(ps), [len(p) for p in ps]
+            assert nbytes == sum(arg[:k])
         else:
             for _ in range(arg):
                 v = r.next_frame()
+                want = model.read()
                 if v is None:
-                    assert not model
+                    assert want is None
                     break
-                assert bytes(v) == model.pop(0)
+                assert bytes(v) == want
                 v.release()
             r.commit()
-        used = struct.unpack_from("=Q", buf, 64)[0] - struct.unpack_from("=Q", buf, 128)[0]
-        assert 0 <= used <= CAP
-        assert sum(frame_size(len(m)) for m in model) <= used
-    assert read_all(r) == model
+            model.commit()
+        tail = struct.unpack_from("=Q", buf, 64)[0]
+        head = struct.unpack_from("=Q", buf, 128)[0]
+        assert (tail, head) == (model.tail, model.head)
+        assert 0 <= tail - head <= CAP
+        assert sum(frame_size(len(m)) for m in model.payloads()) <= tail - head
+    assert read_all(r) == model.payloads()
 
 
 # -- read_many --------------------------------------------------------------------------

@@ -23,7 +23,15 @@ from ringwire._conn.connect import connect
 from ringwire._conn.listener import listen
 from ringwire._conn.pair import pair
 from ringwire._conn.sync_channel import SyncChannel
-from ringwire._errors import DecodeError, FrameTooLarge, SlotMisuse, SlotsExhausted
+from ringwire._errors import (
+    DecodeError,
+    EncodeError,
+    FrameTooLarge,
+    HandshakeError,
+    RingwireError,
+    SlotMisuse,
+    SlotsExhausted,
+)
 from ringwire._shm.segment import Segment
 from ringwire._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
 from ringwire._shm.views import borrow, copy_out, release
@@ -118,8 +126,10 @@ async def test_slots_none_sends_inline_and_refuses_refs():
         await a.send(SlotRef(1, 12345, 0, 0, 4096, 8, (1,), "<f8", "numpy"))
         with pytest.raises(DecodeError, match="no slot pool"):
             await b.receive()
-        with pytest.raises(Exception, match="no slot pool"):
+        # a misuse of this endpoint, not an exhausted pool: the base error, no subclass
+        with pytest.raises(RingwireError, match="no slot pool") as info:
             await a.loan((4,), np.float32)
+        assert info.type is RingwireError
 
 
 # ======================================================================================
@@ -364,8 +374,9 @@ async def test_loan_limits_and_policies():
     async with a, b:
         with pytest.raises(ValueError, match="largest slot"):
             await a.loan((1 << 20,), np.uint8)
-        with pytest.raises(Exception, match="cannot be sent"):
+        with pytest.raises(EncodeError, match="cannot be sent") as info:
             await a.loan((4,), object)
+        assert info.type is EncodeError
         x1 = await a.loan(10, np.uint8)
         x2 = await a.loan(10, np.uint8)
         with pytest.raises(SlotsExhausted):
@@ -888,8 +899,9 @@ def test_handshake_refuses_a_malformed_pool():
         )
         sock_a.setblocking(True)
         sock_a.sendall(encode_message(hello))
-        with pytest.raises(Exception, match="malformed slot pool"):
+        with pytest.raises(HandshakeError, match="malformed slot pool") as info:
             b.connect_sync(slots=POOL, timeout=5)
+        assert info.type is HandshakeError
     finally:
         sock_a.close()
         for seg in (bad, rings):
