@@ -130,7 +130,7 @@ class Slot:
         except OSError:
             return
         try:
-            if s.family not in (socket.AF_INET, socket.AF_INET6):
+            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
                 return  # (libzmq closed it, and the number now names another socket)
             peer, local = s.getpeername(), s.getsockname()
         except OSError:

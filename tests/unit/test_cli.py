@@ -285,5 +285,9 @@ def test_a_status_row_ignores_a_descriptor_that_is_no_longer_tcp() -> None:
             assert strings() == seen
             row.endpoints(1 << 20)  # no such descriptor
             assert strings() == seen
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.connect(("127.0.0.1", 9))  # a connected UDP socket has both addresses too
+            row.endpoints(u.fileno())  # ...but is no TCP connection: nothing written
+            assert strings() == seen
     finally:
         row.close()
