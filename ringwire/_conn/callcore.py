@@ -138,6 +138,12 @@ def timed_out(timeout: float) -> TimeoutError:
     return TimeoutError(f"no reply within {timeout:g} s")
 
 
+def _a(kind: int) -> str:
+    """``a call``, ``a reply``, ``an error``, ``a cancel``."""
+    name = KIND_NAMES[kind]
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
 def _violation(peer_pid: int, what: str) -> ProtocolError:
     return ProtocolError(f"calls: pid {peer_pid} sent {what}")
 
@@ -228,12 +234,12 @@ class ClientCore:
                     w.env = env
                     w.wake()
                 elif env.id >= self.next_id:
-                    return self.violation(f"a {KIND_NAMES[kind]} for call {env.id}, never made")
+                    return self.violation(f"{_a(kind)} for call {env.id}, never made")
                 # else: for a call given up, or a duplicate: dropped (its slots with it)
             elif kind == ERROR:
                 return self.violation(f"an error envelope for call {env.id} without an error")
             else:
-                return self.violation(f"a {KIND_NAMES[kind]} envelope to the client")
+                return self.violation(f"{_a(kind)} envelope to the client")
         return None
 
     def violation(self, what: str) -> ProtocolError:
@@ -399,7 +405,7 @@ class ServerCore:
             if runner is not None and runner.in_handler and runner.job is victim:
                 return (CANCEL_RUNNING, runner)
             return None  # not started yet, or answering
-        raise self.violation(f"a {KIND_NAMES[kind]} envelope to the server")
+        raise self.violation(f"{_a(kind)} envelope to the server")
 
     def violation(self, what: str) -> ProtocolError:
         """The client broke the protocol: the error serve raises (and aborts with)."""
