@@ -1129,7 +1129,9 @@ def test_a_sync_client_timeout_cancels_the_serve_sync_handler() -> None:
 
     with sync_server(handler) as (chan, box), SyncClient(chan) as client:
         t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match="no reply within 0.2 s"):
+        # the caller's own timer, or (a hair later) the server's answer at the deadline
+        # that travelled with the call: a TimeoutError either way
+        with pytest.raises(TimeoutError, match="no reply within 0.2 s|still running at its"):
             client.call(1, timeout=0.2)
         assert 0.15 < time.monotonic() - t0 < 5
         assert stopped.wait(5)
@@ -1157,7 +1159,7 @@ def test_a_full_serve_sync_pushes_back_on_the_callers() -> None:
             for c in callers:
                 c.start()
             time.sleep(0.5)
-            assert started == [started[0]]  # one handler at a time
+            assert len(started) == 1  # one handler at a time
             assert chan.statistics().records_sent < n_calls  # the rest wait for room
             gate.set()
             for c in callers:
