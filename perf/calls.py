@@ -7,7 +7,7 @@ Run from the repository root::
     python -m perf.calls --json perf/results/calls.json [--loop uvloop]
 
 The question: what does ``ringwire.Client`` / ``ringwire.serve`` (correlation ids in an
-envelope, deadlines that travel, cancellation, fair sends, a task per call on the
+envelope, deadlines that travel, cancellation, fair sends, bounded worker tasks on the
 server) cost against
 
 * **hand-written futures over a Channel** -- the pattern ``examples/asgi_server.py``

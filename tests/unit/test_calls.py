@@ -4,6 +4,7 @@ ends of a ringwire.pair() talk between tasks of one event loop, or between threa
 from __future__ import annotations
 
 import inspect
+import os
 import random
 import threading
 import time
@@ -937,6 +938,45 @@ def test_sync_client_a_malformed_reply_fails_every_waiting_thread() -> None:
     assert len(failures) == 2
     assert isinstance(failures[0].__cause__, ProtocolError)
     assert "never made" in str(failures[0]) and "never made" in str(box["seen"])
+    assert box["first"][0] == CALL
+
+
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [
+        ([REPLY, 77, None, "x"], "sent a reply for call 77, never made"),
+        ([CALL, 1, None, "x"], "sent a call envelope to the client"),
+        ([ERROR, 1, None, None, None], "sent an error envelope for call 1 without an error"),
+        ([ERROR, 1, None, None, [1, 2]], "sent an undecodable reply envelope: "),
+    ],
+    ids=["unknown-id", "call", "empty-error", "bad-error"],
+)
+def test_sync_client_malformed_replies_read_as_the_async_clients_do(reply: Any, why: str) -> None:
+    """The same hostile replies as for Client, the same texts (one core)."""
+    a, b = ringwire.pair()
+    box: dict[str, Any] = {}
+
+    def rogue() -> None:
+        with b.connect_sync() as chan:
+            box["first"] = chan.receive(timeout=10)
+            chan.send(reply)
+            try:
+                chan.receive(timeout=10)
+            except BrokenResourceError as exc:  # the client aborted, with the reason
+                box["seen"] = exc
+
+    thread = threading.Thread(target=rogue, daemon=True)
+    thread.start()
+    with a.connect_sync() as chan, SyncClient(chan) as client:
+        with pytest.raises(BrokenResourceError) as info:
+            client.call("q", timeout=10)
+        with pytest.raises(BrokenResourceError):
+            client.call("later", timeout=10)  # the client stays failed
+    thread.join(20)
+    err = info.value
+    assert isinstance(err.__cause__, ProtocolError)
+    assert str(err).startswith(f"connection broken: calls: pid {os.getpid()} {why}")
+    assert why in str(box["seen"])
     assert box["first"][0] == CALL
 
 
