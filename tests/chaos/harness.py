@@ -27,7 +27,7 @@ call, those still in the ring or waiting for room included, fails at once with
 too; and a client killed while our ``serve`` runs its handlers (async, or blocking in
 threads) -- ``serve`` raises ``BrokenResourceError`` at once and every handler is
 cancelled.  (A server holding ``concurrency + max_queued`` calls has stopped reading and
-checks its client every ``_POLL_PEER_S`` = 250 ms: that round's bound is 100 ms beyond
+checks its client every ``callcore.POLL_PEER_S`` = 250 ms: that round's bound is 100 ms beyond
 the poll.)
 
 The runtime's chaos (:func:`runtime_chaos`) kills ``ringwire.runtime`` workers, whose
@@ -1088,7 +1088,7 @@ async def call_client_round(h: Harness, v: Victim, r: Round, rng: random.Random,
         assert raised, f"{r.scenario}: serve did not raise"
         lat = raised[0] - (v.killed_at or 0.0)
         if calls >= 2 * conc:  # concurrency + max_queued admitted: the server stopped reading,
-            # and a full server looks at its client only every _POLL_PEER_S
+            # and a full server looks at its client only every callcore.POLL_PEER_S
             r.latencies["serve raised, less the full server's poll"] = max(0.0, lat - FULL_POLL_S)
         else:
             r.latencies["serve raised"] = lat
