@@ -1024,7 +1024,7 @@ def sync_server(
 
     thread = threading.Thread(target=server, name="serve_sync test server", daemon=True)
     thread.start()
-    chan = a.connect_sync(handshake_timeout=10) if _HANDSHAKE_KW else a.connect_sync()
+    chan = a.connect_sync()
     assert ready.wait(10)
     try:
         yield chan, box
@@ -1033,9 +1033,6 @@ def sync_server(
         thread.join(10)
     assert not thread.is_alive()
     assert not [t for t in threading.enumerate() if t.name.startswith("ringwire.serve_sync")]
-
-
-_HANDSHAKE_KW = "handshake_timeout" in inspect.signature(ringwire.PairEnd.connect_sync).parameters
 
 
 def test_serve_sync_answers_threads_within_its_concurrency_bound() -> None:
