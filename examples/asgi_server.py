@@ -125,7 +125,7 @@ def compute(req: Request) -> Reply:
 async def serve_worker(end: ringwire.PairEnd) -> None:
     async with await end.connect(slots=SLOTS) as chan:
         # returns when the server closes its client (end of stream)
-        await ringwire.serve(chan, compute, request_type=Request, concurrency=CONCURRENCY)
+        await ringwire.serve(chan, compute, type=Request, concurrency=CONCURRENCY)
 
 
 def worker_main(end: ringwire.PairEnd) -> None:
@@ -154,7 +154,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     proc.start()
     try:
         chan = await ours.connect(slots=SLOTS)
-        async with ringwire.Client(chan, reply_type=Reply) as client:
+        async with ringwire.Client(chan, type=Reply) as client:
             app.state.worker = Worker(client, proc)
             yield
         # the client closed its channel: the worker's serve() returns and it exits

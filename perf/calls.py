@@ -7,7 +7,7 @@ Run from the repository root::
     python -m perf.calls --json perf/results/calls.json [--loop uvloop]
 
 The question: what does ``ringwire.Client`` / ``ringwire.serve`` (correlation ids in an
-envelope, deadlines that travel, cancellation, fair sends, a task per call on the
+envelope, deadlines that travel, cancellation, fair sends, bounded worker tasks on the
 server) cost against
 
 * **hand-written futures over a Channel** -- the pattern ``examples/asgi_server.py``
@@ -103,7 +103,7 @@ def _child_rw_serve(ctrl: Any, loop_kind: str, end: Any) -> None:
         async with await end.connect(timeout=SETUP_TIMEOUT_S) as chan:
             ctrl.send(("ready", os.getpid()))
             # returns when the parent's client closes the connection
-            await ringwire.serve(chan, echo, request_type=Req, concurrency=512)
+            await ringwire.serve(chan, echo, type=Req, concurrency=512)
 
     run_async(loop_kind, main)
 
@@ -166,7 +166,7 @@ class RingwireClient(CallPeer):
         a, b = ringwire.pair()
         self.spawn(_child_rw_serve, self.loop_kind, b)
         chan = await a.connect(timeout=SETUP_TIMEOUT_S)
-        self.client = ringwire.Client(chan, reply_type=Req)
+        self.client = ringwire.Client(chan, type=Req)
         await self.client.__aenter__()
         self.ready_info = self.expect("ready")
 

@@ -15,7 +15,7 @@ How the package is built (imports point one way: down)::
         sync_channel.py    SyncChannel: the blocking driver (threads, scripts)
         listener.py, connect.py, pair.py   how connections are made
         memory.py          an in-memory transport (tests drive the core with it)
-        calls.py, sync_calls.py   request -> reply over one channel (Client, serve)
+        calls.py, sync_calls.py, callcore.py   request -> reply (drivers; sans-IO core)
     ringwire/_shm/         the shared-memory transport: segments, Unix sockets, the
                            handshake, slot pools (send / receive / views), CUDA pools
     ringwire/_wire/        the wire format, pure (no I/O; testable on a bytearray): codec,
@@ -51,7 +51,7 @@ from ._conn.listener import Listener, SyncListener, listen
 from ._conn.pair import PairEnd, pair
 from ._conn.statistics import ChannelStatistics, ListenerStatistics
 from ._conn.subscriber import Subscriber, SyncSubscriber, subscribe, subscribe_sync
-from ._conn.sync_calls import SyncClient
+from ._conn.sync_calls import SyncClient, call_cancelled, serve_sync
 from ._conn.sync_channel import SyncChannel, SyncReceipt
 from ._errors import (
     DeadlineExceeded,
@@ -145,6 +145,7 @@ __all__ = [
     "borrow",
     "broadcast",
     "broadcast_sync",
+    "call_cancelled",
     "connect",
     "connect_sync",
     "copy_out",
@@ -156,6 +157,7 @@ __all__ = [
     "pair",
     "release",
     "serve",
+    "serve_sync",
     "subscribe",
     "subscribe_sync",
     "sweep_segments",

@@ -81,7 +81,7 @@ class RingwireBackend:
             topo = workers.topology(d, self.ranks, drain_timeout=self._drain_timeout)
             async with topo:
                 self.topology = topo
-                async with ringwire.Client(topo.channel("tokenizer"), reply_type=Reply) as c:
+                async with ringwire.Client(topo.channel("tokenizer"), type=Reply) as c:
                     self._client = c
                     try:
                         yield

@@ -114,7 +114,7 @@ async def tokenizer(ctx: runtime.WorkerContext) -> None:
     chan = await _retry(
         lambda: ringwire.connect(where["calls"], slots=FEATURE_SLOTS), "the scheduler"
     )
-    async with ringwire.Client(chan, reply_type=Reply) as sched:
+    async with ringwire.Client(chan, type=Reply) as sched:
 
         async def handle(req: GenerateRequest) -> Reply:
             feature = None
@@ -130,7 +130,7 @@ async def tokenizer(ctx: runtime.WorkerContext) -> None:
         ctx.ready()
         # returns when the front closes its client
         await ringwire.serve(
-            ctx.channel, handle, request_type=GenerateRequest, concurrency=CONCURRENCY
+            ctx.channel, handle, type=GenerateRequest, concurrency=CONCURRENCY
         )
         await ctx.stopping.wait()
 
@@ -244,7 +244,7 @@ async def scheduler(ctx: runtime.WorkerContext) -> None:
         async with chan, anyio.create_task_group() as tg:
             tg.start_soon(sched.run)
             await ringwire.serve(
-                chan, sched.handle, request_type=TokenizedRequest, concurrency=CONCURRENCY
+                chan, sched.handle, type=TokenizedRequest, concurrency=CONCURRENCY
             )  # returns when the tokenizer closes its client (at the stop)
             await ctx.stopping.wait()
             tg.cancel_scope.cancel()

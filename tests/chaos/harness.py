@@ -26,8 +26,8 @@ call, those still in the ring or waiting for room included, fails at once with
 ``BrokenResourceError``, the client's slots all come back, and every later call fails
 too; and a client killed while our ``serve`` runs its handlers (async, or blocking in
 threads) -- ``serve`` raises ``BrokenResourceError`` at once and every handler is
-cancelled.  (A server holding ``concurrency + backlog`` calls has stopped reading and
-checks its client every ``_POLL_PEER_S`` = 250 ms: that round's bound is 100 ms beyond
+cancelled.  (A server holding ``concurrency + max_queued`` calls has stopped reading and
+checks its client every ``callcore.POLL_PEER_S`` = 250 ms: that round's bound is 100 ms beyond
 the poll.)
 
 The runtime's chaos (:func:`runtime_chaos`) kills ``ringwire.runtime`` workers, whose
@@ -60,7 +60,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 import ringwire
 from chaos.workers import CHAOS_SLOTS, check_record, make_record, recheck
 from ringwire import BrokenResourceError, EndOfStream, SlotConfig, runtime
-from ringwire._conn import calls as calls_module
+from ringwire._conn import callcore
 from ringwire._wire.names import is_segment_name, name_pid
 
 try:
@@ -74,7 +74,7 @@ HANG_S = 5.0  # nothing may take longer than this once the victim is dead
 RETRIES = 2  # a round that misses DETECT_S is run again (same seed) this often
 KiB = 1 << 10
 FULL_POOL = {4 * KiB: 8, 64 * KiB: 4}  # CHAOS_SLOTS, every slot free
-FULL_POLL_S = calls_module._POLL_PEER_S  # how often a full call server checks its client
+FULL_POLL_S = callcore.POLL_PEER_S  # how often a full call server checks its client
 
 
 def chaos_seed() -> int:
@@ -940,11 +940,11 @@ async def call_server_round(h: Harness, v: Victim, r: Round, rng: random.Random,
     h.n_server_paths += 1
     path = str(h.tmp / f"calls{h.n_server_paths}.sock")
     conc = rng.choice([1, 2, 4])
-    backlog = rng.choice([0, 1, 4])
+    max_queued = rng.choice([0, 1, 4])
     hold = mode == "hold"
-    calls = conc + backlog + rng.randint(1, 6) if hold else rng.randint(1, 8)
+    calls = conc + max_queued + rng.randint(1, 6) if hold else rng.randint(1, 8)
     cfg = h.victim_cfg(
-        rng, "call_server", r.survivor, path=path, concurrency=conc, backlog=backlog,
+        rng, "call_server", r.survivor, path=path, concurrency=conc, max_queued=max_queued,
         hold=hold, busy_at=conc,
     )  # fmt: skip
     spin_us = rng.choice([0, 50])
@@ -997,7 +997,7 @@ async def call_server_round(h: Harness, v: Victim, r: Round, rng: random.Random,
                     await v.until("busy")
                     while client.pending < calls:  # every call sent (or in its send)
                         await anyio.sleep(0.0005)
-                        if client.pending >= conc + backlog and rng.random() < 0.01:
+                        if client.pending >= conc + max_queued and rng.random() < 0.01:
                             break  # sometimes kill while a send still waits for room
                     await anyio.sleep(rng.uniform(0, 0.005))
                     v.kill()
@@ -1087,8 +1087,8 @@ async def call_client_round(h: Harness, v: Victim, r: Round, rng: random.Random,
                 v.kill()
         assert raised, f"{r.scenario}: serve did not raise"
         lat = raised[0] - (v.killed_at or 0.0)
-        if calls >= 2 * conc:  # concurrency + backlog admitted: the server stopped reading,
-            # and a full server looks at its client only every _POLL_PEER_S
+        if calls >= 2 * conc:  # concurrency + max_queued admitted: the server stopped reading,
+            # and a full server looks at its client only every callcore.POLL_PEER_S
             r.latencies["serve raised, less the full server's poll"] = max(0.0, lat - FULL_POLL_S)
         else:
             r.latencies["serve raised"] = lat

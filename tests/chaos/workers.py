@@ -459,7 +459,7 @@ async def role_call_server(cfg: dict[str, Any]) -> None:
         point("accepted")
         async with conn:
             await ringwire.serve(
-                conn, handler, concurrency=cfg["concurrency"], backlog=cfg.get("backlog")
+                conn, handler, concurrency=cfg["concurrency"], max_queued=cfg.get("max_queued")
             )
     say("done", "{}")
 

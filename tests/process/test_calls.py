@@ -17,7 +17,7 @@ import pytest
 from support.spawn import spawned
 
 import ringwire
-from ringwire import BrokenResourceError, Client, RemoteError, SyncClient, serve
+from ringwire import BrokenResourceError, Client, RemoteError, SyncClient, serve, serve_sync
 
 pytestmark = pytest.mark.multiprocess
 
@@ -82,6 +82,32 @@ def child_blocking_server(end: ringwire.PairEnd) -> None:
             await serve(chan, handler, concurrency=8)
 
     anyio.run(main)
+
+
+def child_sync_server(end: ringwire.PairEnd) -> None:
+    """serve_sync: handlers on threads, cancellation seen through call_cancelled()."""
+    state = {"started": 0, "cancelled": 0}
+    lock = threading.Lock()
+
+    def handler(x: Any) -> Any:
+        if isinstance(x, list):
+            time.sleep(x[1])
+            return x[0]
+        if x == "spin":
+            with lock:
+                state["started"] += 1
+            while not ringwire.call_cancelled():
+                time.sleep(0.001)
+            with lock:
+                state["cancelled"] += 1
+            return x
+        if x == "state":
+            with lock:
+                return dict(state)
+        raise KeyError(x)
+
+    with end.connect_sync() as chan:
+        serve_sync(chan, handler, concurrency=8)
 
 
 def child_client(end: ringwire.PairEnd) -> None:
@@ -250,3 +276,40 @@ async def test_kill_9_of_the_client_cancels_its_handlers(anyio_backend: str) -> 
                     with pytest.raises(BrokenResourceError):
                         await serve(chan, handler)
     assert state == {"started": 10, "cancelled": 10}
+
+
+def test_sync_client_with_serve_sync_in_another_process() -> None:
+    """Threads on both sides: handlers run at once, errors and deadlines cross the
+    process, a caller's timeout stops the handler, and the server returns when the
+    client closes."""
+    a, b = ringwire.pair()
+    with spawned(child_sync_server, b) as proc:
+        chan = a.connect_sync(timeout=30)
+        with SyncClient(chan) as client:
+            out: dict[int, Any] = {}
+
+            def worker(t: int) -> None:
+                for k in range(4):
+                    out[t * 10 + k] = client.call([t * 10 + k, 0.02], timeout=30)
+
+            threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+            t0 = time.monotonic()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(60)
+            assert out == {n: n for n in out} and len(out) == 32
+            assert time.monotonic() - t0 < 32 * 0.02  # eight handler threads at once
+            with pytest.raises(RemoteError) as info:
+                client.call("missing")
+            assert info.value.type_name == "KeyError"
+            with pytest.raises(TimeoutError):
+                client.call("spin", timeout=0.2)  # its deadline travels with it
+            for _ in range(250):
+                state = client.call("state", timeout=10)
+                if state["cancelled"] == 1:
+                    break
+                time.sleep(0.02)
+            assert state == {"started": 1, "cancelled": 1}
+        proc.join(10)
+        assert proc.exitcode == 0

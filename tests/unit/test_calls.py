@@ -4,11 +4,12 @@ ends of a ringwire.pair() talk between tasks of one event loop, or between threa
 from __future__ import annotations
 
 import inspect
+import os
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
@@ -25,8 +26,10 @@ from ringwire import (
     EncodeError,
     ProtocolError,
     RemoteError,
+    SyncChannel,
     SyncClient,
     serve,
+    serve_sync,
 )
 
 CALL, REPLY, ERROR, CANCEL = 1, 2, 3, 4
@@ -65,14 +68,14 @@ async def connected(**kw: Any) -> tuple[Channel, Channel]:
 
 @asynccontextmanager
 async def calls(
-    handler: Callable[[Any], Any], *, reply_type: Any = Any, **serve_kw: Any
+    handler: Callable[[Any], Any], *, reply: Any = Any, **serve_kw: Any
 ) -> AsyncIterator[tuple[Client, Channel]]:
     """A client and a server (a task) over a new pair; the server must end cleanly."""
     connect_kw = {k: serve_kw.pop(k) for k in ("capacity", "slots") if k in serve_kw}
     ca, cb = await connected(**connect_kw)
     async with cb, anyio.create_task_group() as tg:
         await tg.start(lambda task_status: serve(cb, handler, task_status=task_status, **serve_kw))
-        async with Client(ca, reply_type=reply_type) as client:
+        async with Client(ca, type=reply) as client:
             yield client, cb
         # leaving the client closed its channel: the server sees the end and returns
 
@@ -146,7 +149,7 @@ async def test_typed_records_and_tensors() -> None:
         assert isinstance(req, Req) and isinstance(req.shape, tuple)
         return Rep(n=req.n, total=float(req.x.sum()), y=req.x * 2)
 
-    async with calls(handler, request_type=Req, reply_type=Rep) as (client, _):
+    async with calls(handler, type=Req, reply=Rep) as (client, _):
         t = torch.arange(1 << 17, dtype=torch.float32)  # 512 KiB: a slot
         rep = await client.call(Req(n=3, x=t, shape=(1, 2)))
         assert isinstance(rep, Rep) and rep.n == 3
@@ -195,7 +198,7 @@ async def test_callers_are_served_fairly_under_load() -> None:
 
     callers, each = 20, 12
     done: list[int] = []
-    async with calls(handler, concurrency=2, backlog=0, capacity=4096) as (client, _):
+    async with calls(handler, concurrency=2, max_queued=0, capacity=4096) as (client, _):
 
         async def caller(c: int) -> None:
             for _ in range(each):
@@ -444,7 +447,7 @@ async def test_a_call_past_its_deadline_is_refused_or_cancelled_by_the_server() 
         with anyio.fail_after(5):
             kind, cid, _, _, (tname, message, _) = await chan.receive()
         assert (kind, cid, tname) == (ERROR, 3, "DeadlineExceeded")
-        assert "cancelled at the call's deadline" in message
+        assert "still running at its deadline" in message
         assert "sleep cancelled" in seen
     assert errors == []
 
@@ -460,7 +463,7 @@ async def test_a_cancel_drops_a_queued_call_before_it_starts() -> None:
             await gate.wait()
         return x
 
-    async with raw_server(handler, concurrency=1, backlog=4) as (chan, errors):
+    async with raw_server(handler, concurrency=1, max_queued=4) as (chan, errors):
         await chan.send([CALL, 1, None, "hold"])
         await chan.send([CALL, 2, None, "dropped"])
         await chan.send([CANCEL, 2])
@@ -557,7 +560,7 @@ async def test_a_full_server_pushes_back_on_the_callers() -> None:
         return req[0]
 
     n_calls = 200
-    async with calls(handler, concurrency=1, backlog=0, capacity=4096) as (client, _):
+    async with calls(handler, concurrency=1, max_queued=0, capacity=4096) as (client, _):
         results: list[int] = []
 
         async def one(i: int) -> None:
@@ -585,7 +588,7 @@ async def test_a_caller_cancelled_while_waiting_for_room_is_not_sent() -> None:
         await gate.wait()
         return req[0]
 
-    async with calls(handler, concurrency=1, backlog=0, capacity=2048) as (client, _):
+    async with calls(handler, concurrency=1, max_queued=0, capacity=2048) as (client, _):
         async with anyio.create_task_group() as tg:
             for i in range(60):
                 tg.start_soon(client.call, [i, "x" * 100])
@@ -741,7 +744,7 @@ async def test_an_id_reused_while_in_flight_breaks_the_server_connection() -> No
     ("reply", "why"),
     [
         ([REPLY, 77, None, "x"], "never made"),
-        ([CALL, 1, None, "x"], "a call envelope sent to the client"),
+        ([CALL, 1, None, "x"], "a call envelope to the client"),
         ([ERROR, 1, None, None, None], "without an error"),
         ([ERROR, 1, None, None, [1, 2]], "undecodable"),
     ],
@@ -938,6 +941,45 @@ def test_sync_client_a_malformed_reply_fails_every_waiting_thread() -> None:
     assert box["first"][0] == CALL
 
 
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [
+        ([REPLY, 77, None, "x"], "sent a reply for call 77, never made"),
+        ([CALL, 1, None, "x"], "sent a call envelope to the client"),
+        ([ERROR, 1, None, None, None], "sent an error envelope for call 1 without an error"),
+        ([ERROR, 1, None, None, [1, 2]], "sent an undecodable reply envelope: "),
+    ],
+    ids=["unknown-id", "call", "empty-error", "bad-error"],
+)
+def test_sync_client_malformed_replies_read_as_the_async_clients_do(reply: Any, why: str) -> None:
+    """The same hostile replies as for Client, the same texts (one core)."""
+    a, b = ringwire.pair()
+    box: dict[str, Any] = {}
+
+    def rogue() -> None:
+        with b.connect_sync() as chan:
+            box["first"] = chan.receive(timeout=10)
+            chan.send(reply)
+            try:
+                chan.receive(timeout=10)
+            except BrokenResourceError as exc:  # the client aborted, with the reason
+                box["seen"] = exc
+
+    thread = threading.Thread(target=rogue, daemon=True)
+    thread.start()
+    with a.connect_sync() as chan, SyncClient(chan) as client:
+        with pytest.raises(BrokenResourceError) as info:
+            client.call("q", timeout=10)
+        with pytest.raises(BrokenResourceError):
+            client.call("later", timeout=10)  # the client stays failed
+    thread.join(20)
+    err = info.value
+    assert isinstance(err.__cause__, ProtocolError)
+    assert str(err).startswith(f"connection broken: calls: pid {os.getpid()} {why}")
+    assert why in str(box["seen"])
+    assert box["first"][0] == CALL
+
+
 def test_client_and_sync_client_are_twins() -> None:
     def public(cls: type) -> set[str]:
         return {n for n in dir(cls) if not n.startswith("_")}
@@ -954,3 +996,258 @@ def test_public_names() -> None:
     for name in ("Client", "SyncClient", "serve", "RemoteError", "DeadlineExceeded"):
         assert name in ringwire.__all__
     assert issubclass(RemoteError, ringwire.RingwireError)
+
+
+# -- the blocking server -------------------------------------------------------------------
+
+
+@contextmanager
+def sync_server(
+    handler: Callable[[Any], Any], capacity: int | None = None, **serve_kw: Any
+) -> Iterator[tuple[SyncChannel, dict[str, Any]]]:
+    """serve_sync on a thread of its own over a new pair; the client's end.  ``box``
+    says how serve_sync ended ("returned", or "error"); leaving closes the client's end
+    and waits for the server's thread."""
+    a, b = ringwire.pair(**({} if capacity is None else {"capacity": capacity}))
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def server() -> None:
+        with b.connect_sync() as chan:
+            box["chan"] = chan
+            ready.set()
+            try:
+                serve_sync(chan, handler, **serve_kw)
+                box["returned"] = True
+            except Exception as exc:
+                box["error"] = exc
+
+    thread = threading.Thread(target=server, name="serve_sync test server", daemon=True)
+    thread.start()
+    chan = a.connect_sync()
+    assert ready.wait(10)
+    try:
+        yield chan, box
+    finally:
+        chan.close()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name.startswith("ringwire.serve_sync")]
+
+
+def test_serve_sync_answers_threads_within_its_concurrency_bound() -> None:
+    lock = threading.Lock()
+    active = [0, 0]  # now, most
+    threads: set[str] = set()
+
+    def handler(x: Any) -> Any:
+        if isinstance(x, str):
+            raise ModelError(x, {"k": 1})
+        with lock:
+            active[0] += 1
+            active[1] = max(active[1], active[0])
+            threads.add(threading.current_thread().name)
+        time.sleep(0.02 if isinstance(x, int) else 0)
+        with lock:
+            active[0] -= 1
+        return x
+
+    with sync_server(handler, concurrency=3) as (chan, box), SyncClient(chan) as client:
+        big = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: slots both ways
+        np.testing.assert_array_equal(client.call(big), big)
+        with pytest.raises(RemoteError) as info:
+            client.call("boom")
+        assert info.value.type_name.endswith("ModelError") and info.value.details == {"k": 1}
+        results: dict[int, Any] = {}
+
+        def worker(t: int) -> None:
+            for k in range(3):
+                results[t * 10 + k] = client.call(t * 10 + k, timeout=30)
+
+        workers = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(60)
+        assert results == {n: n for n in results} and len(results) == 24
+    assert active[1] == 3
+    assert threads and all(n.startswith("ringwire.serve_sync worker") for n in threads)
+    assert box == {"chan": box["chan"], "returned": True}  # the client closed: a clean end
+
+
+def test_serve_sync_answers_an_async_client() -> None:
+    """Any client with any server; a request not of serve_sync's ``type`` is an
+    undecodable envelope, which breaks the connection as under async serve."""
+    a, b = ringwire.pair()
+    box: dict[str, Any] = {}
+
+    def server() -> None:
+        with b.connect_sync() as sc:
+            try:
+                serve_sync(sc, lambda x: x * 2, type=int)
+            except Exception as exc:
+                box["error"] = exc
+
+    thread = threading.Thread(target=server, daemon=True)
+    thread.start()
+
+    async def main() -> None:
+        async with Client(await a.connect(), type=int) as client:
+            assert await client.call(21, timeout=10) == 42
+            with pytest.raises(BrokenResourceError, match="undecodable call envelope"):
+                await client.call("not an int", timeout=10)
+
+    try:
+        anyio.run(main)
+    finally:
+        thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(box["error"], ProtocolError) and "Expected `int" in str(box["error"])
+
+
+def test_serve_sync_deadlines_and_cancels_from_hand_made_envelopes() -> None:
+    gates = {"hold": threading.Event(), "hold2": threading.Event()}
+    seen: list[str] = []
+    stopped: list[str] = []
+
+    def handler(x: str) -> str:
+        seen.append(x)
+        if x in gates:
+            gates[x].wait(10)
+        elif x.startswith("spin"):
+            while not ringwire.call_cancelled():
+                time.sleep(0.001)
+            stopped.append(x)
+            return "not sent"
+        return x
+
+    with sync_server(handler, concurrency=1, max_queued=4) as (chan, box):
+        chan.send([CALL, 1, None, "hold"])
+        chan.send([CALL, 2, 0.05, "late"])  # waits behind call 1, past its deadline
+        time.sleep(0.3)
+        gates["hold"].set()
+        assert chan.receive(timeout=5) == [REPLY, 1, None, "hold", None]
+        kind, cid, _, _, (tname, message, _) = chan.receive(timeout=5)
+        assert (kind, cid, tname) == (ERROR, 2, "DeadlineExceeded")
+        assert "refused" in message and "late" not in seen
+
+        chan.send([CALL, 3, 0.1, "spin3"])  # the handler sees its deadline pass
+        kind, cid, _, _, (tname, message, _) = chan.receive(timeout=5)
+        assert (kind, cid, tname) == (ERROR, 3, "DeadlineExceeded")
+        assert "still running at its deadline" in message and stopped == ["spin3"]
+
+        chan.send([CALL, 4, None, "spin4"])  # the client's cancel reaches the handler
+        time.sleep(0.05)
+        chan.send([CANCEL, 4])
+        chan.send([CALL, 5, None, "after"])
+        assert chan.receive(timeout=5)[:2] == [REPLY, 5]  # no answer for call 4
+        assert stopped == ["spin3", "spin4"]
+
+        chan.send([CALL, 6, None, "hold2"])
+        chan.send([CALL, 7, None, "dropped"])  # queued, then cancelled: never runs
+        chan.send([CANCEL, 7])
+        chan.send([CANCEL, 99])  # unknown: ignored
+        chan.send([CALL, 8, None, "after2"])
+        time.sleep(0.1)
+        gates["hold2"].set()
+        assert [chan.receive(timeout=5)[1] for _ in range(2)] == [6, 8]
+        assert "dropped" not in seen
+    assert box["returned"]
+
+
+def test_a_sync_client_timeout_cancels_the_serve_sync_handler() -> None:
+    stopped = threading.Event()
+
+    def handler(x: Any) -> Any:
+        while not ringwire.call_cancelled():
+            time.sleep(0.001)
+        stopped.set()
+        return x
+
+    with sync_server(handler) as (chan, box), SyncClient(chan) as client:
+        t0 = time.monotonic()
+        # the caller's own timer, or (a hair later) the server's answer at the deadline
+        # that travelled with the call: a TimeoutError either way
+        with pytest.raises(TimeoutError, match="no reply within 0.2 s|still running at its"):
+            client.call(1, timeout=0.2)
+        assert 0.15 < time.monotonic() - t0 < 5
+        assert stopped.wait(5)
+    assert box["returned"]
+
+
+def test_a_full_serve_sync_pushes_back_on_the_callers() -> None:
+    gate = threading.Event()
+    started: list[int] = []
+
+    def handler(req: list[Any]) -> int:
+        started.append(req[0])
+        gate.wait(30)
+        return int(req[0])
+
+    n_calls = 60
+    results: list[int] = []
+    with sync_server(handler, capacity=4096, concurrency=1, max_queued=0) as (chan, _):
+        with SyncClient(chan) as client:
+
+            def one(i: int) -> None:
+                results.append(client.call([i, "x" * 100], timeout=60))
+
+            callers = [threading.Thread(target=one, args=(i,)) for i in range(n_calls)]
+            for c in callers:
+                c.start()
+            time.sleep(0.5)
+            assert len(started) == 1  # one handler at a time
+            assert chan.statistics().records_sent < n_calls  # the rest wait for room
+            gate.set()
+            for c in callers:
+                c.join(60)
+    assert sorted(results) == list(range(n_calls))
+
+
+def test_serve_sync_raises_for_a_malformed_envelope_and_aborts_with_the_reason() -> None:
+    with sync_server(lambda x: x) as (chan, box):
+        chan.send([CALL, 5, None, "fine"])
+        assert chan.receive(timeout=5)[:4] == [REPLY, 5, None, "fine"]
+        chan.send([REPLY, 1, None, "x"])
+        with pytest.raises(BrokenResourceError, match="a reply envelope to the server"):
+            chan.receive(timeout=5)
+    assert isinstance(box["error"], ProtocolError)
+    assert "a reply envelope to the server" in str(box["error"])
+
+
+def test_serve_sync_raises_when_its_client_dies_or_its_channel_is_closed() -> None:
+    with sync_server(lambda x: x) as (chan, box):
+        chan.abort("the client process died")  # what the server sees of a kill -9
+    assert isinstance(box["error"], BrokenResourceError)
+    assert "the client process died" in str(box["error"])
+
+    with sync_server(lambda x: x) as (chan, box):
+        assert SyncClient(chan).call(1, timeout=5) == 1
+        box["chan"].close()  # another thread stops the server: it closes its channel
+        with pytest.raises(ringwire.EndOfStream):
+            chan.receive(timeout=5)
+    assert isinstance(box["error"], ClosedResourceError)
+
+
+def test_serve_sync_refuses_what_it_cannot_serve() -> None:
+    with pytest.raises(TypeError, match="serve it with ringwire.serve"):
+        serve_sync(None, echo)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="handler must be callable, not int"):
+        serve_sync(None, 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        serve_sync(None, len, concurrency=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_queued must be at least 0"):
+        serve_sync(None, len, max_queued=-1)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="a handler that serve_sync runs"):
+        ringwire.call_cancelled()
+
+
+def test_serve_and_serve_sync_are_twins() -> None:
+    pa = dict(inspect.signature(serve).parameters)
+    ps = dict(inspect.signature(serve_sync).parameters)
+    # one-sided: how an async server reports readiness, and where a handler runs (a
+    # serve_sync handler always runs on a thread of its own)
+    del pa["task_status"], pa["blocking"]
+    assert list(pa) == list(ps)
+    assert all(pa[n].default == ps[n].default and pa[n].kind == ps[n].kind for n in pa)
+    assert "serve_sync" in ringwire.__all__ and "call_cancelled" in ringwire.__all__
