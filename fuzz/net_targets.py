@@ -39,7 +39,7 @@ from ringwire._errors import DecodeError, HandshakeError, ProtocolError
 from ringwire._net import messages as M
 from ringwire._net.pools import NetEncoder, NetRecvPool, NetSendPool
 from ringwire._net.transport import NetTransport
-from ringwire._shm.slotconfig import SlotClass, SlotConfig
+from ringwire._pool.slotconfig import SlotClass, SlotConfig
 from ringwire._wire import ext as X
 from ringwire._wire.codec import Decoder
 from ringwire._wire.control import PROTOCOL_VERSION

@@ -70,9 +70,9 @@ from ringwire._errors import (
     RingCorrupted,
     SlotRefused,
 )
+from ringwire._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
 from ringwire._shm.recvpool import RecvPool
 from ringwire._shm.sendpool import SendPool
-from ringwire._shm.slotconfig import RELEASE_CAPACITY, SlotConfig
 from ringwire._wire import lanes
 from ringwire._wire.codec import Decoder, Encoder
 from ringwire._wire.control import (

@@ -71,9 +71,9 @@ from ._errors import (
     SlotsExhausted,
 )
 from ._net.keys import ClientKeys, ServerKeys
-from ._shm.segment import sweep as sweep_segments
-from ._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
-from ._shm.views import borrow, copy_out, release
+from ._pool.segment import sweep as sweep_segments
+from ._pool.slotconfig import DEFAULT_SLOTS, SlotConfig
+from ._pool.views import borrow, copy_out, release
 from ._wire.codec import Decoder, Encoder, decode, encode
 from ._wire.descriptors import CudaRef, NetRef, NixlRef, SlotRef
 from ._wire.ext import ExtCode

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from anyio import BrokenResourceError
 
 from .._errors import DecodeError, NeedSlot, RingCorrupted
-from .._shm.cuda import CudaNeed
+from .._pool.cuda import CudaNeed
 from .._shm.sendpool import Placed
 from .._wire.codec import Decoder, Encoder
 from .._wire.control import DOORBELL_SPACE

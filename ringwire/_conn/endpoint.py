@@ -77,7 +77,7 @@ from .._errors import (
     SlotRefused,
     SlotsExhausted,
 )
-from .._shm.cuda import CudaNeed
+from .._pool.cuda import CudaNeed
 from .._shm.sendpool import Placed, SendPool
 from .._wire.codec import Decoder, Encoder
 from .._wire.control import DOORBELL_CLOSE, DOORBELL_DATA, DOORBELL_SPACE

@@ -45,7 +45,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from .._errors import HandshakeError, NixlUnreachable, PeerCredentialsError, ProtocolError
-from .._shm.slotconfig import SlotConfig
+from .._pool.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
 from . import nixl
 from .curve import FAILED_EVENTS, Guard, client_refusal, flood, secure_client, server_refusal

@@ -54,8 +54,8 @@ from .._errors import (
     SlotRefused,
     SlotsExhausted,
 )
-from .._shm.slotconfig import POLICIES, SlotConfig, check_policy
-from .._shm.views import HELD
+from .._pool.slotconfig import POLICIES, SlotConfig, check_policy
+from .._pool.views import HELD
 from .._wire import ext as X
 from .._wire.codec import Decoder, Encoder, Placer
 from .._wire.descriptors import KIND_NUMPY, KIND_TORCH, NetRef, decode_descriptor

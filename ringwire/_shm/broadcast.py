@@ -49,6 +49,8 @@ from typing import Any, NamedTuple
 import posix_ipc
 
 from .._errors import HandshakeError, ProtocolError, RingwireError, SharedMemoryFull
+from .._pool.segment import Segment, pid_alive, sweep
+from .._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
 from .._wire.broadcast_control import (
     Join,
     Joined,
@@ -64,8 +66,6 @@ from .._wire.control import ControlReader, SegmentSpec, encode_abort
 from .._wire.ring import init_ring, validate_capacity
 from .._wire.slotlayout import init_pool, pool_size
 from .broadcast_pool import LANE_SIZE, BroadcastPool
-from .segment import Segment, pid_alive, sweep
-from .slotconfig import RELEASE_CAPACITY, SlotConfig
 from .sockets import bind_unix_socket, check_peer
 
 __all__ = ["BroadcastHub", "ReaderEvent"]

@@ -50,12 +50,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import RingCorrupted, SlotRefused
+from .._pool.cuda import split_tag
+from .._pool.segment import Segment
+from .._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
 from .._wire.ring import RingReader, init_ring, ring_size
 from .._wire.slotlayout import PoolLayout, SlotAllocator
-from .cuda import split_tag
-from .segment import Segment
 from .sendpool import Placed, SendPool
-from .slotconfig import RELEASE_CAPACITY, SlotConfig
 
 __all__ = ["LANE_SIZE", "BroadcastPool", "lane_offset"]
 

@@ -5,7 +5,7 @@
 or ``("recv", None)``, answered with ``(bytes, descriptors)``; ``b""`` at end of
 file), and :func:`drive_join_sync` / :func:`drive_join_async` perform it on a
 non-blocking socket.  The segments arrive as descriptors (``SCM_RIGHTS``): each is
-checked like :meth:`Segment.attach <ringwire._shm.segment.Segment.attach>` checks a
+checked like :meth:`Segment.attach <ringwire._pool.segment.Segment.attach>` checks a
 name (our uid, nobody else's access, the announced size), mapped, and closed; their
 names were unlinked by the writer when it made them.
 
@@ -35,6 +35,8 @@ from typing import Any
 import anyio
 
 from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
+from .._pool.segment import Segment
+from .._pool.slotconfig import RELEASE_CAPACITY
 from .._wire.broadcast_control import (
     BROADCAST_VERSIONS,
     Join,
@@ -51,8 +53,6 @@ from .._wire.ring import check_ring
 from .._wire.slotlayout import PoolLayout, read_pool
 from .handshake import poll_fd
 from .recvpool import RecvPool
-from .segment import Segment
-from .slotconfig import RELEASE_CAPACITY
 from .sockets import ControlSocketEnd
 
 __all__ = [

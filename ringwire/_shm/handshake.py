@@ -24,6 +24,8 @@ from typing import Any
 import anyio
 
 from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
+from .._pool.segment import Segment, unlink_segment
+from .._pool.slotconfig import SlotConfig, attach_pool, create_pool
 from .._wire.control import (
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
@@ -40,8 +42,6 @@ from .._wire.control import (
 from .._wire.names import name_pid
 from .._wire.ring import check_ring, init_ring, ring_size
 from .._wire.slotlayout import PoolLayout
-from .segment import Segment, unlink_segment
-from .slotconfig import SlotConfig, attach_pool, create_pool
 from .transport import ShmTransport
 
 __all__ = [

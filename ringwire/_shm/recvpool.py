@@ -71,6 +71,17 @@ import numpy as np
 from .._errors import (
     DecodeError,
 )
+from .._pool.cuda import (
+    OpenedCudaPool,
+    ReleaseThread,
+    cuda_backend,
+    cuda_pool_id,
+    cuda_tag,
+    local_device_of,
+    sweep,
+)
+from .._pool.segment import Segment
+from .._pool.views import HELD
 from .._wire import ext as X
 from .._wire.codec import Decoder
 from .._wire.descriptors import KIND_NUMPY, CudaRef, SlotRef, decode_descriptor
@@ -86,17 +97,6 @@ from .._wire.slotlayout import (
     PoolLayout,
     check_ref,
 )
-from .cuda import (
-    OpenedCudaPool,
-    ReleaseThread,
-    cuda_backend,
-    cuda_pool_id,
-    cuda_tag,
-    local_device_of,
-    sweep,
-)
-from .segment import Segment
-from .views import HELD
 
 __all__ = [
     "RecvPool",
@@ -387,7 +387,7 @@ class RecvPool:
         The release lane's writer-closed flag is set: a producer that closed first (it
         no longer reads our socket) learns from it that we open nothing any more, so it
         may hand its GPU blocks to other connections once our mappings are gone
-        (:mod:`ringwire._shm.cudablocks`).  A single store, no lock: safe in ``__del__``."""
+        (:mod:`ringwire._pool.cudablocks`).  A single store, no lock: safe in ``__del__``."""
         self.queue.close(blocking)
         if self._cuda_releaser is not None:
             self._cuda_releaser.stop()

@@ -46,6 +46,18 @@ from .._errors import (
     SlotRefused,
     SlotsExhausted,
 )
+from .._pool.cuda import (
+    CudaNeed,
+    CudaSendPool,
+    cuda_backend,
+    cuda_nbytes,
+    cuda_pool_id,
+    cuda_tag,
+    split_tag,
+    sweep,
+)
+from .._pool.segment import Segment
+from .._pool.slotconfig import POLICIES, SlotConfig, check_policy, describe_classes
 from .._wire.descriptors import KIND_NUMPY, KIND_TORCH, CudaRef, SlotRef
 from .._wire.dtypes import (
     numpy_dtype_to_wire,
@@ -59,18 +71,6 @@ from .._wire.slotlayout import (
     PoolLayout,
     SlotAllocator,
 )
-from .cuda import (
-    CudaNeed,
-    CudaSendPool,
-    cuda_backend,
-    cuda_nbytes,
-    cuda_pool_id,
-    cuda_tag,
-    split_tag,
-    sweep,
-)
-from .segment import Segment
-from .slotconfig import POLICIES, SlotConfig, check_policy, describe_classes
 
 __all__ = [
     "Placed",
@@ -612,7 +612,7 @@ class SendPool:
         slot table is left as it is: records we published before closing stay readable
         (their references resolve) until the consumer has read them.
 
-        GPU pools are retired (:func:`ringwire._shm.cudablocks.retire`): their memory
+        GPU pools are retired (:func:`ringwire._pool.cudablocks.retire`): their memory
         and events stay until the consumer can no longer read them -- it is gone (end of
         file, or the closed flag it sets on the release lane) and maps nothing -- so
         CUDA records published before closing resolve too; then each block goes to the

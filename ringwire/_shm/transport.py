@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import socket
 
+from .._pool.segment import Segment
+from .._pool.slotconfig import SlotConfig
 from .._wire.control import ControlReader
 from .._wire.lanes import RingReader, RingWriter
 from .._wire.slotlayout import PoolLayout
 from .recvpool import RecvPool
-from .segment import Segment
 from .sendpool import SendPool
-from .slotconfig import SlotConfig
 from .sockets import ControlSocketEnd
 
 __all__ = ["ShmTransport"]

@@ -39,7 +39,7 @@ from ringwire._errors import (
     RingCorrupted,
     SharedMemoryFull,
 )
-from ringwire._shm.segment import SHM_DIR, Segment
+from ringwire._pool.segment import SHM_DIR, Segment
 from ringwire._wire.control import Hello, RingSpec, SegmentSpec, encode_message
 from ringwire._wire.ring import init_ring, ring_size
 

@@ -36,8 +36,8 @@ from ringwire._conn.connect import connect, connect_sync
 from ringwire._conn.listener import Listener, SyncListener, listen
 from ringwire._conn.pair import pair
 from ringwire._errors import HandshakeError, ProtocolError, RingCorrupted, SlotRefused
-from ringwire._shm.segment import SHM_DIR, Segment
-from ringwire._shm.slotconfig import SlotConfig
+from ringwire._pool.segment import SHM_DIR, Segment
+from ringwire._pool.slotconfig import SlotConfig
 from ringwire._shm.sockets import bind_unix_socket
 from ringwire._wire.control import (
     MAX_MESSAGE,
@@ -435,7 +435,7 @@ async def test_forged_cuda_reference_drops_only_that_connection(
     import torch
     from support.cuda_fake import install
 
-    from ringwire._shm.cuda import cuda_pool_id, drop_idle_pools, set_cuda_backend
+    from ringwire._pool.cuda import cuda_pool_id, drop_idle_pools, set_cuda_backend
 
     gpu = SlotConfig(
         classes=(SlotClass(64 * KiB, 4),),

@@ -12,9 +12,10 @@ PKG = ROOT / "ringwire"
 # what each layer may import from ringwire (beyond itself and ringwire._errors)
 ALLOWED = {
     "_wire": set(),
-    "_shm": {"_wire"},
-    "_net": {"_wire", "_shm"},  # the TCP transport, beside _shm
-    "_conn": {"_wire", "_shm", "_net"},
+    "_pool": {"_wire"},  # what every transport's tensor pools share
+    "_shm": {"_wire", "_pool"},  # the shared-memory transport...
+    "_net": {"_wire", "_pool"},  # ...and the TCP one beside it: neither imports the other
+    "_conn": {"_wire", "_pool", "_shm", "_net"},
 }
 OS_MODULES = {"socket", "select", "mmap", "posix_ipc", "selectors", "asyncio", "anyio"}
 MAX_LINES = 800

@@ -1,5 +1,5 @@
 """GPU pool blocks and their exports: who may still read a block, and when it can be
-reused or freed (Ext 5; the pools themselves are in :mod:`ringwire._shm.cuda`).
+reused or freed (Ext 5; the pools themselves are in :mod:`ringwire._pool.cuda`).
 
 A *block* is the GPU memory of one producer's pool for one device.  Each connection
 that uses it gets an *export* of its own: a fresh ``cudaIpcGetMemHandle`` announcement
