@@ -2,16 +2,17 @@
 
 Profiles of ``send_many`` / ``receive_many`` (issue 15) put most of a batch's time in
 the Python around each record, not in the codec or the ring: a new
-:class:`~ringwire._shm.sendpool.Placement` per record, three nested calls per
+:class:`~ringwire._pool.protocols.Placement` per record, three nested calls per
 encode, and two wrappers around every decode.  What is here takes that out:
 
 * **Placements are used again** while they place nothing (:func:`take_placement` /
   :func:`keep_placement`): most records hold no array, and a placement that took no
   slot is an empty list.  The caller then gets :data:`NOTHING_PLACED`, so the reused
-  placement is never kept by a receipt.  (Shared-memory pools only: a TCP
-  placement carries its frames beside the list.)
+  placement is never kept by a receipt.  (Pools that declare
+  ``reuses_placements``: a TCP placement carries its frames beside the list.)
 * **A batch is encoded in one loop** (``Encoder.encode_many_with``) that stops only
-  after a record that placed something; that record keeps the placement.
+  after a record that placed something; that record keeps the placement (the plain
+  :class:`~ringwire.Encoder` and a pool that reuses placements).
 * **A ring lane decodes with the raw decoder** (``Decoder.raw_decode``, msgspec's own
   bound method, called by the C ``read_many`` with no Python frame between), and the
   error handling -- the translation to :class:`~ringwire.DecodeError`, the salvage of
@@ -30,7 +31,7 @@ from anyio import BrokenResourceError
 
 from .._errors import DecodeError, NeedSlot, RingCorrupted
 from .._pool.cuda import CudaNeed
-from .._shm.sendpool import Placed
+from .._pool.protocols import Placed
 from .._wire.codec import Decoder, Encoder
 from .._wire.control import DOORBELL_SPACE
 
@@ -62,8 +63,8 @@ def take_placement(core: Endpoint, pool: Any, policy: str | None) -> Any:
 
 def keep_placement(core: Endpoint, placement: Any) -> Placed:
     """What the encoded record placed: ``placement`` itself, or (an empty placement
-    of a shared-memory pool, kept as the spare) :data:`NOTHING_PLACED`."""
-    if placement or not core.shm_pool:
+    of a pool that reuses placements, kept as the spare) :data:`NOTHING_PLACED`."""
+    if placement or not core.reuse_placement:
         return placement
     core.spare = placement
     return NOTHING_PLACED
@@ -79,8 +80,8 @@ def encode_batch(
     assert pool is not None
     payloads: list[bytes] = []
     placed: list[Placed] = []
-    if core.shm_pool and type(core.enc) is Encoder:
-        return _encode_batch_shm(core, pool, items, start, policy, payloads, placed)
+    if core.reuse_placement and type(core.enc) is Encoder:
+        return _encode_batch_reusing(core, pool, items, start, policy, payloads, placed)
     try:
         for k in range(start, len(items)):
             try:
@@ -96,7 +97,7 @@ def encode_batch(
     return payloads, placed, None
 
 
-def _encode_batch_shm(
+def _encode_batch_reusing(
     core: Endpoint,
     pool: Any,
     items: Sequence[Any],

@@ -47,7 +47,8 @@ class ChannelStatistics:
     cuda_tensors_received: int = 0
     cuda_pools_opened: int = 0  # the peer's GPU pools mapped here (once per device)
     # how arrays travel: "slots" (shared memory on this host), over TCP "frames" (ZeroMQ
-    # frames, Ext 20) or "nixl" (NIXL reads, Ext 21); nixl_off: why a TCP connection's
+    # frames, Ext 20) or "nixl" (NIXL reads, Ext 21), "inline" on the in-memory test
+    # transport (ringwire._conn.memory); nixl_off: why a TCP connection's
     # arrays do not go through NIXL ("" where they may)
     tensor_path: str = "slots"
     nixl_off: str = ""
@@ -87,8 +88,8 @@ def channel_statistics(core: Endpoint) -> ChannelStatistics:
         receive_parks=core.recv_parks,
         doorbells_sent=t.doorbells_sent,
         doorbells_received=t.doorbells_received,
-        tensor_path=getattr(t, "tensor_path", "slots"),
-        nixl_off=getattr(t, "nixl_off", ""),
+        tensor_path=t.tensor_path,
+        nixl_off=t.nixl_off,
         **_slot_statistics(core),
     )
 
@@ -104,10 +105,5 @@ def _slot_statistics(core: Endpoint) -> dict[str, Any]:
         out["slots_reclaimed"] = pool.reclaimed
     peer = core.peer
     if peer is not None:
-        out["slot_arrays_received"] = peer.received
-        out["slot_arrays_held"] = len(peer.held)
-        out["releases_pending"] = len(peer.queue)
-        out["cuda_tensors_received"] = peer.cuda_received
-        out["cuda_pools_opened"] = peer.cuda_opens
-        out["nixl_arrays_received"] = getattr(peer, "nixl_received", 0)
+        out.update(peer.statistics())
     return out

@@ -622,6 +622,9 @@ class NixlRecvPool(NetRecvPool):
         self._entries_used: set[int] = set()
         self.nixl_received = 0
 
+    def statistics(self) -> dict[str, Any]:
+        return {**super().statistics(), "nixl_arrays_received": self.nixl_received}
+
     def _new_record(self, parts: list[Any]) -> None:
         super()._new_record(parts)
         last = parts[-1] if parts else None

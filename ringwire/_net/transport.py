@@ -195,6 +195,8 @@ class NetReader:
     :class:`~ringwire._conn.transport.FrameReader`).  ``current`` holds the array
     frames of the record handed out last, for the pool's resolver."""
 
+    read_many_on_error = False
+
     def __init__(self, t: NetTransport, capacity: int) -> None:
         self._t = t
         self.capacity = capacity

@@ -465,7 +465,7 @@ def _uuid_of(backend: Any, device: int) -> bytes:
 
 class CudaSendPool:
     """One device's GPU pool on the producer side.  The owning
-    :class:`~ringwire._shm.sendpool.SendPool` serialises every call under its lock."""
+    :class:`~ringwire._shm.sendpool.ShmSendPool` serialises every call under its lock."""
 
     def __init__(
         self,

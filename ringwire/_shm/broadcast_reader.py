@@ -48,11 +48,12 @@ from .._wire.broadcast_control import (
     validate_joined,
 )
 from .._wire.broadcast_ring import BroadcastReader, read_broadcast_header
+from .._wire.codec import Encoder
 from .._wire.control import ControlReader, SegmentSpec
 from .._wire.ring import check_ring
 from .._wire.slotlayout import PoolLayout, read_pool
 from .handshake import poll_fd
-from .recvpool import RecvPool
+from .recvpool import ShmRecvPool
 from .sockets import ControlSocketEnd
 
 __all__ = [
@@ -302,13 +303,15 @@ class SubscriberTransport(ControlSocketEnd):
         self.version = joined.version
         self.doorbells_sent = self.doorbells_received = 0
         self._control = ControlReader()
+        self.encoder = Encoder()  # (a reader sends nothing; the endpoint's seam has one)
+        self.tensor_path, self.nixl_off = "slots", ""
         if result.rest:
             self.doorbells_received += self._control.feed(result.rest)
         self.send_pool = None
-        self.recv_pool: RecvPool | None = None
+        self.recv_pool: ShmRecvPool | None = None
         if result.pool is not None:
             seg, layout = result.pool
-            self.recv_pool = RecvPool(
+            self.recv_pool = ShmRecvPool(
                 seg, layout, self._release_bell, copy_out, lane_offset=joined.lane_offset
             )
 
