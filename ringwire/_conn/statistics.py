@@ -1,14 +1,50 @@
-"""What :meth:`Channel.statistics` and :meth:`Listener.statistics` return."""
+"""What :meth:`Channel.statistics` and :meth:`Listener.statistics` return.
+
+:func:`channel_statistics` reads an endpoint through :class:`Counted` (what it needs
+of one; :class:`~ringwire._conn.endpoint.Endpoint` is one), so this module does not
+import the endpoint that calls it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .endpoint import Endpoint
+from .._pool.protocols import RecvPool, SendPool
+from .transport import FrameReader, FrameWriter, Transport
 
-__all__ = ["ChannelStatistics", "ListenerStatistics", "channel_statistics"]
+__all__ = ["ChannelStatistics", "Counted", "ListenerStatistics", "channel_statistics"]
+
+
+class Counted(Protocol):
+    """What :func:`channel_statistics` reads of an endpoint (read only)."""
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def transport(self) -> Transport: ...
+    @property
+    def tx(self) -> FrameWriter: ...
+    @property
+    def rx(self) -> FrameReader: ...
+    @property
+    def pool(self) -> SendPool | None: ...
+    @property
+    def peer(self) -> RecvPool | None: ...
+    @property
+    def n_sent(self) -> int: ...
+    @property
+    def n_recv(self) -> int: ...
+    @property
+    def b_sent(self) -> int: ...
+    @property
+    def b_recv(self) -> int: ...
+    @property
+    def send_parks(self) -> int: ...
+    @property
+    def recv_parks(self) -> int: ...
+    def notice_hang_up(self) -> None: ...
+    def slot_safe_point(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -67,7 +103,7 @@ class ListenerStatistics:
     ended: int
 
 
-def channel_statistics(core: Endpoint) -> ChannelStatistics:
+def channel_statistics(core: Counted) -> ChannelStatistics:
     """What :meth:`Endpoint.statistics` returns: a snapshot of ``core``'s counters."""
     if core.closed:
         tx_fill = rx_fill = 0
@@ -94,7 +130,7 @@ def channel_statistics(core: Endpoint) -> ChannelStatistics:
     )
 
 
-def _slot_statistics(core: Endpoint) -> dict[str, Any]:
+def _slot_statistics(core: Counted) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pool = core.pool
     if pool is not None:

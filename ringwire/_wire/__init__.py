@@ -9,3 +9,8 @@ decimals: Ext 12-19), ``sglang`` (the codec profile that speaks SGLang's dialect
 control socket's messages and the sans-I/O handshake state machine, doorbell bytes),
 ``names`` (segment names), ``envelope`` (the calls' envelope), ``release`` (the finalizer-safe release queue).
 """
+
+# the "sglang" codec profile: Encoder(profile="sglang") / Decoder(profile="sglang") make
+# the classes of .sglang, which register themselves with .codec when they are made (so
+# .codec never imports .sglang, which builds on it)
+from . import sglang  # noqa: E402, F401
