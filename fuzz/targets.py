@@ -80,7 +80,7 @@ from ringwire._wire.control import (
     Handshake,
     Hello,
     Ready,
-    Reject,
+    Refused,
     RingSpec,
     SegmentSpec,
     Welcome,
@@ -637,7 +637,7 @@ def handshake(data: bytes) -> str:
                         version = choose_version(msg.versions)
                         validate_hello(msg)
                     except HandshakeError as exc:
-                        hs.send(Reject(str(exc)))  # what the listener does
+                        hs.send(Refused(str(exc)))  # what the listener does
                         return "invalid hello"
                     hs.send(Welcome(version=version, pid=1))
                 elif isinstance(msg, Welcome):
@@ -950,7 +950,7 @@ def _handshake_seeds() -> list[bytes]:
         Welcome(version=1, pid=9, segments=[SegmentSpec("/rw.9.00000000000a", 8192, "slots")])
     )
     ready = encode_message(Ready())
-    reject = encode_message(Reject("no thanks"))
+    reject = encode_message(Refused("no thanks"))
     return [
         b"\x00" + hello[4:],
         b"\x00" + welcome[4:],

@@ -84,7 +84,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .._errors import FrameTooLarge, ProtocolError
 from .._wire.control import PROTOCOL_VERSION
-from .messages import MAX_REASON, check_credit, parse_control
+from .._wire.net_control import MAX_REASON, check_credit, parse_control
 from .status import open_slot
 from .zmqlife import GONE_EVENTS, HANDSHAKE_FAILED, retire
 

@@ -3,7 +3,7 @@
 The protocol (messages, order, the sans-I/O state machine) is
 :mod:`ringwire._wire.control`.  Here each role is a generator that creates, attaches,
 checks and unlinks segments and yields what to do on the control socket --
-``("send", bytes)``, ``("send_best_effort", bytes)`` (a Reject) or ``("recv", None)``,
+``("send", bytes)``, ``("send_best_effort", bytes)`` (a refusal) or ``("recv", None)``,
 answered with the bytes received (``b""`` at end of file) -- and returns a
 :class:`HandshakeResult`.  :func:`drive_async` and :func:`drive_sync` perform those
 steps on a non-blocking socket (with the one handshake driver of
@@ -28,7 +28,7 @@ from .._wire.control import (
     Handshake,
     Hello,
     Ready,
-    Reject,
+    Refused,
     RingSpec,
     SegmentSpec,
     Welcome,
@@ -212,7 +212,7 @@ def server_handshake(
                 pseg, layout = create_pool(slots)
                 own = (pseg, layout, slots)
         except (HandshakeError, SegmentError, RingCorrupted) as exc:
-            yield ("send_best_effort", hs.send(Reject(str(exc))))
+            yield ("send_best_effort", hs.send(Refused(str(exc))))
             raise HandshakeError(f"client pid {hello.pid}: {exc}") from None
         specs = [] if own is None else [SegmentSpec(own[0].name, own[0].size, "slots")]
         yield ("send", hs.send(Welcome(version=version, pid=os.getpid(), segments=specs)))
