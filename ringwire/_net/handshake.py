@@ -1,10 +1,11 @@
 """Connecting and accepting over TCP: addresses, the rendezvous, the attach.
 
 A listener binds one ZeroMQ ``ROUTER`` socket at its address (the *rendezvous*).  A
-client connects a ``DEALER`` there and sends a :class:`Hello` (protocol version, a
-random session id, its lane capacity and send budget, pid, host name).  The listener
-answers with a :class:`Welcome` -- the port of a ``PAIR`` socket it just bound for
-this connection alone, and a random token -- or a :class:`Refused` with the reason.
+client connects a ``DEALER`` there and sends a ``Hello`` (protocol version, a random
+session id, its lane capacity and send budget, pid, host name).  The listener answers
+with a ``Welcome`` -- the port of a ``PAIR`` socket it just bound for this connection
+alone, and a random token -- or a ``Refused`` with the reason (the messages:
+:mod:`ringwire._wire.net_control`).
 The client connects a ``PAIR`` to that port and sends the attach (``H`` + token +
 session id); the listener checks it, notes which TCP connection it came from (its
 monitor then names that one's hang-up) and answers ``K``.  The connection's identity
@@ -70,10 +71,7 @@ from .zmqlife import close_monitored, configure, context, monitor_of
 
 __all__ = [
     "Address",
-    "Hello",
     "NetAcceptor",
-    "Refused",
-    "Welcome",
     "client_handshake",
     "is_tcp",
     "parse_address",
