@@ -3,7 +3,7 @@
 run them with the others.  Same contract: return the outcome, raise anything
 undocumented; :class:`targets.Finding` for a broken invariant.
 
-``net_control``    :func:`~ringwire._net.messages.parse_control` (every control byte of
+``net_control``    :func:`~ringwire._wire.net_control.parse_control` (every control byte of
                    the table in ``ringwire/_net/transport.py``, ``H`` / ``K``
                    included) and :func:`check_credit`: a :class:`ProtocolError` or a
                    value that encodes back to the same bytes.
@@ -36,11 +36,11 @@ import numpy as np
 import zmq
 
 from ringwire._errors import DecodeError, HandshakeError, ProtocolError
-from ringwire._net import messages as M
 from ringwire._net.pools import NetEncoder, NetRecvPool, NetSendPool
 from ringwire._net.transport import NetTransport
-from ringwire._shm.slotconfig import SlotClass, SlotConfig
+from ringwire._pool.slotconfig import SlotClass, SlotConfig
 from ringwire._wire import ext as X
+from ringwire._wire import net_control as M
 from ringwire._wire.codec import Decoder
 from ringwire._wire.control import PROTOCOL_VERSION
 from ringwire._wire.descriptors import NetRef, decode_descriptor
@@ -453,7 +453,7 @@ def _hello(**kw: Any) -> bytes:
 
 def _handshake_seeds() -> list[bytes]:
     welcome = M.encode_rendezvous(M.Welcome(PROTOCOL_VERSION, 5555, b"t" * 16, 1 << 16, 1 << 20, 7))
-    refuse = M.encode_rendezvous(M.Refuse("no"))
+    refuse = M.encode_rendezvous(M.Refused("no"))
     return [
         b"\x00" + _hello(),
         b"\x00" + _hello(capacity=1000),

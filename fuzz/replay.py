@@ -48,11 +48,11 @@ PARSERS: dict[str, list[str]] = {
         "ringwire._wire.descriptors:_check_nbytes",
     ],
     "slots": [
-        "ringwire._shm.recvpool:RecvPool.resolve",
-        "ringwire._shm.recvpool:RecvPool.salvage",
+        "ringwire._shm.recvpool:ShmRecvPool.resolve",
+        "ringwire._shm.recvpool:ShmRecvPool.salvage",
         "ringwire._wire.slotlayout:check_ref",
-        "ringwire._shm.sendpool:SendPool._poll_locked",
-        "ringwire._shm.sendpool:SendPool.reclaim",
+        "ringwire._shm.sendpool:ShmSendPool._poll_locked",
+        "ringwire._shm.sendpool:ShmSendPool.reclaim",
         "ringwire._wire.slotlayout:SlotAllocator.release",
     ],
     "ring": [

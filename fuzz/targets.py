@@ -24,7 +24,7 @@ Targets
 ``decode_typed``    ``Decoder(FuzzItem)``, a Record with typed, untyped, tensor and
                     array fields.
 ``decode_slots``    the transport's receive path with a resolver: the channel's own
-                    ``RecvPool.decode`` (``resolve`` / ``salvage``) over a slot
+                    ``ShmRecvPool.decode`` (``resolve`` / ``salvage``) over a slot
                     pool in a bytearray; every release must name a slot that was lent,
                     once, and nothing may stay held after the record is dropped.
 ``descriptor``      ``SlotRef`` / ``CudaRef`` payloads (Ext 4/5) on their own.
@@ -38,7 +38,7 @@ Targets
                     (``"not built"`` where the extension is absent).
 ``handshake``       ``decode_message``, the client and server handshake state machines,
                     ``validate_hello``.
-``release_lane``    the producer's release-lane parsing (``SendPool.poll``) against a
+``release_lane``    the producer's release-lane parsing (``ShmSendPool.poll``) against a
                     model of the pool: refused releases never touch it.
 ``net_control``, ``net_transport``, ``net_handshake``
                     the TCP transport's parsers (``fuzz/net_targets.py``, loaded here
@@ -70,9 +70,9 @@ from ringwire._errors import (
     RingCorrupted,
     SlotRefused,
 )
-from ringwire._shm.recvpool import RecvPool
-from ringwire._shm.sendpool import SendPool
-from ringwire._shm.slotconfig import RELEASE_CAPACITY, SlotConfig
+from ringwire._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
+from ringwire._shm.recvpool import ShmRecvPool
+from ringwire._shm.sendpool import ShmSendPool
 from ringwire._wire import lanes
 from ringwire._wire.codec import Decoder, Encoder
 from ringwire._wire.control import (
@@ -80,7 +80,7 @@ from ringwire._wire.control import (
     Handshake,
     Hello,
     Ready,
-    Reject,
+    Refused,
     RingSpec,
     SegmentSpec,
     Welcome,
@@ -262,7 +262,7 @@ def _sent_pool() -> tuple[bytearray, Any]:
 
 _rbuf, _rlayout = _sent_pool()
 _LENT = {(s, slot_state(_rbuf, s)[0]) for s in range(6) if slot_state(_rbuf, s)[1] == SENT}
-_recv = RecvPool(SimpleNamespace(buf=_rbuf, close=lambda: True), _rlayout, lambda: None, False)
+_recv = ShmRecvPool(SimpleNamespace(buf=_rbuf, close=lambda: True), _rlayout, lambda: None, False)
 _lane = RingReader(_rbuf, _PSIZE)
 _slot_decoders = (
     Decoder(resolver=_recv.resolve),
@@ -637,7 +637,7 @@ def handshake(data: bytes) -> str:
                         version = choose_version(msg.versions)
                         validate_hello(msg)
                     except HandshakeError as exc:
-                        hs.send(Reject(str(exc)))  # what the listener does
+                        hs.send(Refused(str(exc)))  # what the listener does
                         return "invalid hello"
                     hs.send(Welcome(version=version, pid=1))
                 elif isinstance(msg, Welcome):
@@ -658,13 +658,13 @@ _LBUF = bytearray(_LPSIZE + ring_size(RELEASE_CAPACITY))
 _ZERO_LANE = bytes(RELEASE_CAPACITY)
 
 
-def _fresh_send_pool() -> SendPool:
+def _fresh_send_pool() -> ShmSendPool:
     """Slots 0-5 SENT (slot 0 at generation 1), 6 LOANED, 7 FREE at generation 1."""
     buf = _LBUF
     layout = init_pool(buf, LANE_CLASSES, pool_id=POOL_ID)
     init_ring(buf, _LPSIZE, RELEASE_CAPACITY)
     buf[_LPSIZE + HEADER_SIZE :] = _ZERO_LANE  # same size: allowed while views exist
-    pool = SendPool(SimpleNamespace(buf=buf), layout, _LCONFIG, 1 << 16)  # type: ignore[arg-type]
+    pool = ShmSendPool(SimpleNamespace(buf=buf), layout, _LCONFIG, 1 << 16)  # type: ignore[arg-type]
     alloc = pool.alloc
     slots = [alloc.allocate(1) for _ in range(8)]
     assert slots == list(range(8))
@@ -677,11 +677,11 @@ def _fresh_send_pool() -> SendPool:
     return pool
 
 
-def _pool_state(pool: SendPool) -> list[tuple[int, int]]:
+def _pool_state(pool: ShmSendPool) -> list[tuple[int, int]]:
     return [(pool.alloc.generation(s), pool.alloc.status(s)) for s in range(8)]
 
 
-def _check_pool(pool: SendPool, before: list[tuple[int, int]]) -> None:
+def _check_pool(pool: ShmSendPool, before: list[tuple[int, int]]) -> None:
     alloc = pool.alloc
     buf = _LBUF
     for s in range(8):
@@ -708,7 +708,7 @@ def _check_pool(pool: SendPool, before: list[tuple[int, int]]) -> None:
 
 
 def _model(frames: list[bytes], state: list[tuple[int, int]]) -> tuple[int, int, bool]:
-    """What SendPool.poll + reclaim must do with well-framed releases:
+    """What ShmSendPool.poll + reclaim must do with well-framed releases:
     (releases accepted, slots reclaimed, broken)."""
     state = list(state)
     accepted = 0
@@ -950,7 +950,7 @@ def _handshake_seeds() -> list[bytes]:
         Welcome(version=1, pid=9, segments=[SegmentSpec("/rw.9.00000000000a", 8192, "slots")])
     )
     ready = encode_message(Ready())
-    reject = encode_message(Reject("no thanks"))
+    reject = encode_message(Refused("no thanks"))
     return [
         b"\x00" + hello[4:],
         b"\x00" + welcome[4:],
@@ -1002,12 +1002,12 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target("decode_untyped", decode_untyped, _codec_seeds, "Decoder(), Ext 1-11"),
         Target("decode_typed", decode_typed, _codec_seeds, "Decoder(Record)"),
-        Target("decode_slots", decode_slots, _slot_seeds, "Decoder(resolver=RecvPool.resolve)"),
+        Target("decode_slots", decode_slots, _slot_seeds, "Decoder(resolver=ShmRecvPool.resolve)"),
         Target("descriptor", descriptor, _descriptor_seeds, "SlotRef / CudaRef payloads"),
         Target("ring", ring, _ring_seeds, "RingReader / RingWriter frame parsing"),
         Target("ring_native", ring_native, _ring_native_seeds, "the C ring lanes, and C vs Python"),
         Target("handshake", handshake, _handshake_seeds, "control-socket handshake"),
-        Target("release_lane", release_lane, _release_seeds, "SendPool.poll release frames"),
+        Target("release_lane", release_lane, _release_seeds, "ShmSendPool.poll release frames"),
     )
 }
 

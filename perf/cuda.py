@@ -32,7 +32,7 @@ QUICK_ITERS = {1 << 20: 100, 1 << 30: 10}
 
 
 def _config() -> Any:
-    from ringwire._shm.slotconfig import SlotConfig
+    from ringwire._pool.slotconfig import SlotConfig
     from ringwire._wire.slotlayout import SlotClass
 
     return SlotConfig(
@@ -70,7 +70,7 @@ def run(quick: bool) -> dict[str, Any]:
     import torch.multiprocessing as tmp
 
     from ringwire._conn.pair import pair
-    from ringwire._shm.cuda import drop_idle_pools
+    from ringwire._pool.cuda import drop_idle_pools
 
     iters = QUICK_ITERS if quick else ITERS
     total = sum(iters[s] for s in SIZES)

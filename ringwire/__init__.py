@@ -16,8 +16,12 @@ How the package is built (imports point one way: down)::
         listener.py, connect.py, pair.py   how connections are made
         memory.py          an in-memory transport (tests drive the core with it)
         calls.py, sync_calls.py, callcore.py   request -> reply (drivers; sans-IO core)
-    ringwire/_shm/         the shared-memory transport: segments, Unix sockets, the
-                           handshake, slot pools (send / receive / views), CUDA pools
+    ringwire/_shm/         the shared-memory transport: Unix sockets, the handshake,
+                           slot pools (send / receive), the broadcast ring's ends
+    ringwire/_net/         the TCP transport (ZeroMQ, NIXL), beside _shm: neither
+                           imports the other
+    ringwire/_pool/        what both transports' tensor pools share: SlotConfig, the
+                           pool protocols, received views, the CUDA backend, segments
     ringwire/_wire/        the wire format, pure (no I/O; testable on a bytearray): codec,
                            Ext table, records, dtypes, descriptors, ring and slot layout,
                            control messages and the handshake state machine, release queue;
@@ -25,9 +29,11 @@ How the package is built (imports point one way: down)::
     ringwire/_errors.py    every exception class
 
 Why this cut: what a byte on the wire means (``_wire``) changes only with the protocol
-version; how bytes move between processes (``_shm``, later TCP) is a transport behind
-one seam; what an endpoint does with them (``_conn``) is written once for every
-transport and both drivers.  A new transport is a new ``_<name>/`` beside ``_shm``.
+version; how bytes move between processes (``_shm``, ``_net``) is a transport behind
+one seam (``_conn/transport.py``, with the pools' ``_pool/protocols.py``); what an
+endpoint does with them (``_conn``) is written once for every transport and both
+drivers.  A new transport is a new ``_<name>/`` beside ``_shm`` and ``_net``, importing
+neither (``tests/unit/test_layers.py`` checks the layers, and that no import circles).
 """
 
 from __future__ import annotations
@@ -71,9 +77,9 @@ from ._errors import (
     SlotsExhausted,
 )
 from ._net.keys import ClientKeys, ServerKeys
-from ._shm.segment import sweep as sweep_segments
-from ._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
-from ._shm.views import borrow, copy_out, release
+from ._pool.segment import sweep as sweep_segments
+from ._pool.slotconfig import DEFAULT_SLOTS, SlotConfig
+from ._pool.views import borrow, copy_out, release
 from ._wire.codec import Decoder, Encoder, decode, encode
 from ._wire.descriptors import CudaRef, NetRef, NixlRef, SlotRef
 from ._wire.ext import ExtCode

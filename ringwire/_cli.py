@@ -59,7 +59,7 @@ from typing import Any, TextIO
 
 from ._net import sockdiag
 from ._net.keys import add_command as add_keygen_command
-from ._shm.segment import SHM_DIR, pid_alive, stale_segments, sweep
+from ._pool.segment import SHM_DIR, pid_alive, stale_segments, sweep
 from ._wire import netstatus
 from ._wire.names import is_segment_name, name_pid
 from ._wire.ring import HEADER_SIZE, HEADER_WORDS, RING_MAGIC, validate_capacity

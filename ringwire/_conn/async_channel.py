@@ -27,7 +27,7 @@ import anyio.lowlevel
 from anyio import ClosedResourceError, EndOfStream, WouldBlock
 
 from .._errors import NeedSlot
-from .._shm.slotconfig import check_policy, loan_spec
+from .._pool.slotconfig import check_policy, loan_spec
 from . import waits
 from .driving import EndpointFacade, ReceiptBase, warn_held
 from .endpoint import EMPTY, UNSET, Endpoint

@@ -2,43 +2,45 @@
 
 Profiles of ``send_many`` / ``receive_many`` (issue 15) put most of a batch's time in
 the Python around each record, not in the codec or the ring: a new
-:class:`~ringwire._shm.sendpool.Placement` per record, three nested calls per
+:class:`~ringwire._pool.protocols.Placement` per record, three nested calls per
 encode, and two wrappers around every decode.  What is here takes that out:
 
 * **Placements are used again** while they place nothing (:func:`take_placement` /
   :func:`keep_placement`): most records hold no array, and a placement that took no
   slot is an empty list.  The caller then gets :data:`NOTHING_PLACED`, so the reused
-  placement is never kept by a receipt.  (Shared-memory pools only: a TCP
-  placement carries its frames beside the list.)
+  placement is never kept by a receipt.  (Pools that declare
+  ``reuses_placements``: a TCP placement carries its frames beside the list.)
 * **A batch is encoded in one loop** (``Encoder.encode_many_with``) that stops only
-  after a record that placed something; that record keeps the placement.
+  after a record that placed something; that record keeps the placement (the plain
+  :class:`~ringwire.Encoder` and a pool that reuses placements).
 * **A ring lane decodes with the raw decoder** (``Decoder.raw_decode``, msgspec's own
   bound method, called by the C ``read_many`` with no Python frame between), and the
   error handling -- the translation to :class:`~ringwire.DecodeError`, the salvage of
   a bad record's slot references -- runs only when a record fails (``on_error``).
 
 The contracts are :class:`~ringwire._conn.endpoint.Endpoint`'s: these functions are
-its methods' bodies, kept here so that module stays one sitting long.
+its methods' bodies.  They read and write an endpoint through :class:`Batching` (what
+they need of one; the endpoint is one), so this module does not import the endpoint
+that calls it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from anyio import BrokenResourceError
 
 from .._errors import DecodeError, NeedSlot, RingCorrupted
-from .._shm.cuda import CudaNeed
-from .._shm.sendpool import Placed
+from .._pool.cuda import CudaNeed
+from .._pool.protocols import Placed, RecvPool, SendPool
 from .._wire.codec import Decoder, Encoder
 from .._wire.control import DOORBELL_SPACE
-
-if TYPE_CHECKING:
-    from .endpoint import Endpoint
+from .transport import FrameReader, FrameWriter
 
 __all__ = [
     "NOTHING_PLACED",
+    "Batching",
     "decode_failed",
     "encode_batch",
     "keep_placement",
@@ -46,11 +48,38 @@ __all__ = [
     "take_placement",
 ]
 
+class Batching(Protocol):
+    """What these functions use of an endpoint (``spare`` / ``spare_policy``: the
+    placement kept for the next record, which they take and put back)."""
+
+    spare: Any
+    spare_policy: str | None
+
+    @property
+    def tx_blocked(self) -> bool: ...
+    @property
+    def reuse_placement(self) -> bool: ...
+    @property
+    def pool(self) -> SendPool | None: ...
+    @property
+    def peer(self) -> RecvPool | None: ...
+    @property
+    def enc(self) -> Encoder: ...
+    @property
+    def tx(self) -> FrameWriter: ...
+    @property
+    def rx(self) -> FrameReader: ...
+    def check_send(self) -> None: ...
+    def encode_placed(self, item: Any, policy: str | None) -> tuple[bytes, Placed]: ...
+    def break_(self, exc: BaseException) -> None: ...
+    def ring(self, byte: bytes) -> None: ...
+
+
 NOTHING_PLACED: Placed = []
 """What a record that took no slot gets as its placement (read only: never appended to)."""
 
 
-def take_placement(core: Endpoint, pool: Any, policy: str | None) -> Any:
+def take_placement(core: Batching, pool: Any, policy: str | None) -> Any:
     """The placement for the next record: the spare one if its policy matches."""
     placement = core.spare
     core.spare = None
@@ -60,17 +89,17 @@ def take_placement(core: Endpoint, pool: Any, policy: str | None) -> Any:
     return placement
 
 
-def keep_placement(core: Endpoint, placement: Any) -> Placed:
+def keep_placement(core: Batching, placement: Any) -> Placed:
     """What the encoded record placed: ``placement`` itself, or (an empty placement
-    of a shared-memory pool, kept as the spare) :data:`NOTHING_PLACED`."""
-    if placement or not core.shm_pool:
+    of a pool that reuses placements, kept as the spare) :data:`NOTHING_PLACED`."""
+    if placement or not core.reuse_placement:
         return placement
     core.spare = placement
     return NOTHING_PLACED
 
 
 def encode_batch(
-    core: Endpoint, items: Sequence[Any], start: int, policy: str | None
+    core: Batching, items: Sequence[Any], start: int, policy: str | None
 ) -> tuple[list[bytes], list[Placed], int | CudaNeed | None]:
     """``Endpoint.encode_batch``: encode ``items[start:]`` until one needs a slot that
     is not free (policy "wait"): the payloads so far, their slots, and the bytes that
@@ -79,8 +108,8 @@ def encode_batch(
     assert pool is not None
     payloads: list[bytes] = []
     placed: list[Placed] = []
-    if core.shm_pool and type(core.enc) is Encoder:
-        return _encode_batch_shm(core, pool, items, start, policy, payloads, placed)
+    if core.reuse_placement and type(core.enc) is Encoder:
+        return _encode_batch_reusing(core, pool, items, start, policy, payloads, placed)
     try:
         for k in range(start, len(items)):
             try:
@@ -96,8 +125,8 @@ def encode_batch(
     return payloads, placed, None
 
 
-def _encode_batch_shm(
-    core: Endpoint,
+def _encode_batch_reusing(
+    core: Batching,
     pool: Any,
     items: Sequence[Any],
     start: int,
@@ -147,7 +176,7 @@ def decode_failed(peer: Any, dec: Decoder, view: memoryview, exc: Exception) -> 
 
 
 def read_ring_batch(
-    core: Endpoint, dec: Decoder, max_n: int
+    core: Batching, dec: Decoder, max_n: int
 ) -> tuple[list[Any], int, tuple[bytes, str] | None]:
     """``Endpoint.try_receive_many`` on a ring lane (no undecodable record pending):
     the records, their payload bytes, and the (payload, error) of an undecodable
@@ -174,7 +203,7 @@ def read_ring_batch(
 
 
 def read_batch(
-    core: Endpoint,
+    core: Batching,
     decode: Any,
     max_n: int,
     out: list[Any],

@@ -61,9 +61,9 @@ from typing import Any
 from anyio import BrokenResourceError, ClosedResourceError
 
 from .._errors import NeedSlot, ReaderStalled, SlotsExhausted
+from .._pool.cuda import CudaNeed
+from .._pool.protocols import Placed
 from .._shm.broadcast import BroadcastHub, ReaderEvent
-from .._shm.cuda import CudaNeed
-from .._shm.sendpool import Placed
 from .._wire.codec import Encoder
 from .._wire.control import DOORBELL_DATA, DOORBELL_SPACE
 from .waits import LOAN_TICK, Loop, Wait

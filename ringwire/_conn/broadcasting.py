@@ -31,8 +31,8 @@ import anyio.abc
 import anyio.lowlevel
 
 from .._errors import NeedSlot
+from .._pool.slotconfig import DEFAULT_SLOTS, SlotConfig, check_policy, loan_spec, resolve_config
 from .._shm.broadcast import BroadcastHub
-from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, check_policy, loan_spec, resolve_config
 from . import broadcast as B
 from .async_channel import AsyncWaker
 from .connect import DEFAULT_CAPACITY

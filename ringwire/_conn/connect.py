@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 
 from .._net.keys import ClientKeys
+from .._pool.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
 from .._shm.handshake import client_handshake, drive_async, drive_sync
-from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
 from .._shm.sockets import check_peer, hung_up
 from .._wire.ring import validate_capacity
 from .async_channel import Channel

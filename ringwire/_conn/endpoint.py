@@ -48,7 +48,7 @@ The transport may lend a send pool (this side's slots) and the peer's pool.  *Sa
 points* -- every send, receive and loan, and every wake-up -- push releases queued by
 finalizers and process the peer's releases (:meth:`Endpoint.slot_safe_point`); the
 peer's hang-up reclaims every slot it held.  A record's trip: :meth:`encode_placed`
-asks the pool for a :class:`~ringwire._shm.sendpool.Placement` and encodes with it
+asks the pool for a :class:`~ringwire._pool.protocols.Placement` and encodes with it
 (``Encoder.encode_with``)
 (each large array is copied into a free slot, or a loan is used up, and referenced by
 an Ext 4); the frame is published; the peer's :meth:`try_receive` decodes it, the
@@ -77,12 +77,11 @@ from .._errors import (
     SlotRefused,
     SlotsExhausted,
 )
-from .._shm.cuda import CudaNeed
-from .._shm.sendpool import Placed, SendPool
-from .._wire.codec import Decoder, Encoder
+from .._pool.cuda import CudaNeed
+from .._pool.protocols import Placed, RecvPool, SendPool
+from .._wire.codec import Decoder
 from .._wire.control import DOORBELL_CLOSE, DOORBELL_DATA, DOORBELL_SPACE
 from .._wire.descriptors import CudaRef
-from .._wire.lanes import RING_READERS
 from .._wire.ring import fence
 from .batching import (
     decode_failed,
@@ -147,7 +146,7 @@ class Endpoint:
         self.tx = transport.tx
         self.rx = transport.rx
         self.pool: SendPool | None = transport.send_pool
-        self.peer: Any = transport.recv_pool  # a RecvPool or None
+        self.peer: RecvPool | None = transport.recv_pool
         self.peer_pid = transport.peer_pid
         self.version = transport.version
         self.name = name
@@ -170,16 +169,15 @@ class Endpoint:
         self.slots_on = self.pool is not None or self.peer is not None
         # (payload, error) of a record that failed to decode and was left unread
         self._undecodable: tuple[bytes, str] | None = None
-        self.rx_on_error = isinstance(self.rx, RING_READERS)  # read_many takes on_error
+        self.rx_on_error = self.rx.read_many_on_error  # read_many takes on_error
         self.spare: Any = None  # a placement that placed nothing, to use again
         self.spare_policy: str | None = None
-        # the one place where codecs are made: the send pool places, the peer's resolves
-        # a transport that carries arrays beside the record brings its own encoder
-        self.enc = getattr(transport, "encoder", None) or Encoder()
-        self.shm_pool = isinstance(self.pool, SendPool)  # else: ask pool.has_work()
-        # has the release lane a frame?  (on the C ring one C call, no ints made)
+        # the transport's encoder places in the send pool, the peer's pool resolves
+        self.enc = transport.encoder
+        # what differs between pools, declared by them and read once (their protocol)
+        self.reuse_placement = self.pool is not None and self.pool.reuses_placements
         self._releases_ready: Callable[[], Any] = (
-            self.pool.reader.available if isinstance(self.pool, SendPool) else _nothing
+            self.pool.releases_ready if self.pool is not None else _nothing
         )
         self._resolver = self.peer.resolve if self.peer is not None else _no_pool
         self.dec = Decoder(type, resolver=self._resolver)
@@ -350,9 +348,6 @@ class Endpoint:
                     pool.reclaim()  # only takes back loans dropped since
             elif self.eof:
                 pool.reclaim()
-            elif not self.shm_pool:
-                if pool.has_work():
-                    self._poll_pool(pool)
             elif pool.loan_returns or self._releases_ready():  # pool.has_work(), inlined
                 self._poll_pool(pool)
 
@@ -609,6 +604,7 @@ class Endpoint:
 
     def _decode_resolving(self, dec: Decoder, view: memoryview) -> Any:
         peer = self.peer
+        assert peer is not None  # only a pool's undecodable record is kept
         failed = self._undecodable
         if failed is not None:
             self._undecodable = None

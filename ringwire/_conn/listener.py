@@ -27,10 +27,10 @@ from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBl
 
 from .._errors import DecodeError, RingwireError
 from .._net.keys import ServerKeys
-from .._shm.handshake import HandshakeGen, drive_async, drive_sync, poll_fd, server_handshake
-from .._shm.segment import pid_alive, sweep
-from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
-from .._shm.sockets import bind_unix_socket, check_peer
+from .._pool.segment import pid_alive, sweep
+from .._pool.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
+from .._shm.handshake import HandshakeGen, drive_async, drive_sync, server_handshake
+from .._shm.sockets import bind_unix_socket, check_peer, poll_fd
 from .._wire.ring import MAX_CAPACITY, validate_capacity
 from .async_channel import AsyncWaker, Channel
 from .endpoint import DEFAULT_SPIN_US, EMPTY, Endpoint

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import FrameTooLarge
+from .._wire.codec import Encoder
 from .._wire.control import PROTOCOL_VERSION, ControlReader, encode_abort
 
 __all__ = ["MemoryReader", "MemoryTransport", "MemoryWriter", "memory_pair"]
@@ -116,6 +117,8 @@ class MemoryWriter:
 class MemoryReader:
     """The receiving end of a memory lane (see :class:`~ringwire._conn.transport.FrameReader`)."""
 
+    read_many_on_error = False
+
     def __init__(self, lane: _Lane) -> None:
         self._lane = lane
         self.capacity = lane.capacity
@@ -201,6 +204,8 @@ class MemoryTransport:
     def __init__(self, tx: _Lane, rx: _Lane) -> None:
         self.tx = MemoryWriter(tx)
         self.rx = MemoryReader(rx)
+        self.encoder = Encoder()
+        self.tensor_path, self.nixl_off = "inline", ""  # no pools: every array inline
         self.peer_pid = os.getpid()
         self.version = PROTOCOL_VERSION
         self.doorbells_sent = self.doorbells_received = 0

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from anyio import ClosedResourceError
 
+from .._pool.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
 from .._shm.handshake import (
     HandshakeGen,
     client_handshake,
@@ -26,7 +27,6 @@ from .._shm.handshake import (
     drive_sync,
     server_handshake,
 )
-from .._shm.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
 from .._shm.sockets import check_peer, hung_up
 from .._wire.ring import MAX_CAPACITY, validate_capacity
 from .async_channel import Channel

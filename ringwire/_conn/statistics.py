@@ -1,14 +1,50 @@
-"""What :meth:`Channel.statistics` and :meth:`Listener.statistics` return."""
+"""What :meth:`Channel.statistics` and :meth:`Listener.statistics` return.
+
+:func:`channel_statistics` reads an endpoint through :class:`Counted` (what it needs
+of one; :class:`~ringwire._conn.endpoint.Endpoint` is one), so this module does not
+import the endpoint that calls it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .endpoint import Endpoint
+from .._pool.protocols import RecvPool, SendPool
+from .transport import FrameReader, FrameWriter, Transport
 
-__all__ = ["ChannelStatistics", "ListenerStatistics", "channel_statistics"]
+__all__ = ["ChannelStatistics", "Counted", "ListenerStatistics", "channel_statistics"]
+
+
+class Counted(Protocol):
+    """What :func:`channel_statistics` reads of an endpoint (read only)."""
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def transport(self) -> Transport: ...
+    @property
+    def tx(self) -> FrameWriter: ...
+    @property
+    def rx(self) -> FrameReader: ...
+    @property
+    def pool(self) -> SendPool | None: ...
+    @property
+    def peer(self) -> RecvPool | None: ...
+    @property
+    def n_sent(self) -> int: ...
+    @property
+    def n_recv(self) -> int: ...
+    @property
+    def b_sent(self) -> int: ...
+    @property
+    def b_recv(self) -> int: ...
+    @property
+    def send_parks(self) -> int: ...
+    @property
+    def recv_parks(self) -> int: ...
+    def notice_hang_up(self) -> None: ...
+    def slot_safe_point(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -47,7 +83,8 @@ class ChannelStatistics:
     cuda_tensors_received: int = 0
     cuda_pools_opened: int = 0  # the peer's GPU pools mapped here (once per device)
     # how arrays travel: "slots" (shared memory on this host), over TCP "frames" (ZeroMQ
-    # frames, Ext 20) or "nixl" (NIXL reads, Ext 21); nixl_off: why a TCP connection's
+    # frames, Ext 20) or "nixl" (NIXL reads, Ext 21), "inline" on the in-memory test
+    # transport (ringwire._conn.memory); nixl_off: why a TCP connection's
     # arrays do not go through NIXL ("" where they may)
     tensor_path: str = "slots"
     nixl_off: str = ""
@@ -66,7 +103,7 @@ class ListenerStatistics:
     ended: int
 
 
-def channel_statistics(core: Endpoint) -> ChannelStatistics:
+def channel_statistics(core: Counted) -> ChannelStatistics:
     """What :meth:`Endpoint.statistics` returns: a snapshot of ``core``'s counters."""
     if core.closed:
         tx_fill = rx_fill = 0
@@ -87,13 +124,13 @@ def channel_statistics(core: Endpoint) -> ChannelStatistics:
         receive_parks=core.recv_parks,
         doorbells_sent=t.doorbells_sent,
         doorbells_received=t.doorbells_received,
-        tensor_path=getattr(t, "tensor_path", "slots"),
-        nixl_off=getattr(t, "nixl_off", ""),
+        tensor_path=t.tensor_path,
+        nixl_off=t.nixl_off,
         **_slot_statistics(core),
     )
 
 
-def _slot_statistics(core: Endpoint) -> dict[str, Any]:
+def _slot_statistics(core: Counted) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pool = core.pool
     if pool is not None:
@@ -104,10 +141,5 @@ def _slot_statistics(core: Endpoint) -> dict[str, Any]:
         out["slots_reclaimed"] = pool.reclaimed
     peer = core.peer
     if peer is not None:
-        out["slot_arrays_received"] = peer.received
-        out["slot_arrays_held"] = len(peer.held)
-        out["releases_pending"] = len(peer.queue)
-        out["cuda_tensors_received"] = peer.cuda_received
-        out["cuda_pools_opened"] = peer.cuda_opens
-        out["nixl_arrays_received"] = getattr(peer, "nixl_received", 0)
+        out.update(peer.statistics())
     return out

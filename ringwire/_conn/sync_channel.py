@@ -24,7 +24,7 @@ from typing import Any
 from anyio import EndOfStream, WouldBlock
 
 from .._errors import NeedSlot
-from .._shm.slotconfig import check_policy, loan_spec
+from .._pool.slotconfig import check_policy, loan_spec
 from . import waits
 from .driving import EndpointFacade, ReceiptBase, warn_held
 from .endpoint import EMPTY, UNSET, Endpoint

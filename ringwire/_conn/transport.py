@@ -54,14 +54,23 @@ What a transport guarantees
 5. **Close.**  :meth:`Transport.shutdown` wakes everything waiting on ``fileno()`` and
    tells the peer (it sees the hang-up); :meth:`Transport.close` frees everything.
 
-A transport may also lend slot pools (``send_pool`` / ``recv_pool``: tensors by
-reference); one that has none sets both to ``None`` and every array travels inline.
+A transport may also lend tensor pools (``send_pool`` / ``recv_pool``: arrays beside
+the record, :mod:`ringwire._pool.protocols`); one that has none sets both to ``None``
+and every array travels inline.  It brings the :class:`~ringwire.Encoder` its endpoint
+encodes with (one of a subclass where records carry more than their bytes: the TCP
+frames).  What differs between transports that the endpoint must know is declared
+here or on the pools as attributes, read once when the endpoint is made (never found
+out with ``isinstance`` on one transport's classes): ``FrameReader.read_many_on_error``,
+``SendPool.releases_ready``, ``SendPool.reuses_placements``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
+
+from .._pool.protocols import RecvPool, SendPool
+from .._wire.codec import Encoder
 
 __all__ = ["FrameReader", "FrameWriter", "Transport"]
 
@@ -119,6 +128,10 @@ class FrameReader(Protocol):
     one after the other; :meth:`commit` hands their space back to the writer."""
 
     capacity: int
+    # read_many takes a fourth argument, on_error(payload, exc), called when fn raises
+    # (with the payload still valid): so fn can be a raw decoder and the error handling
+    # stays off the per-record path (the ring lanes)
+    read_many_on_error: bool
 
     @property
     def pending(self) -> bool:
@@ -168,10 +181,23 @@ class Transport(Protocol):
     @property
     def rx(self) -> FrameReader: ...
 
+    @property
+    def send_pool(self) -> SendPool | None:
+        """The pool this end places its arrays in (``None``: every array inline)."""
+
+    @property
+    def recv_pool(self) -> RecvPool | None:
+        """The peer's pool, which resolves its references (``None``: it has none)."""
+
+    encoder: Encoder  # what the endpoint encodes with (see the module docstring)
+    # how arrays travel, and why not through NIXL ("" where they may, or no NIXL at all):
+    # ChannelStatistics.tensor_path / nixl_off
+    @property
+    def tensor_path(self) -> str: ...
+
+    nixl_off: str
     peer_pid: int  # the peer's process (0 if it has none)
     version: int  # the protocol version both ends speak
-    send_pool: Any  # a SendPool this end lends the peer, or None
-    recv_pool: Any  # a RecvPool of the peer's, or None
     doorbells_sent: int
     doorbells_received: int
 

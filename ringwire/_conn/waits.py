@@ -39,7 +39,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from .._errors import NeedSlot
-from .._shm.sendpool import Placed
+from .._pool.protocols import Placed
 from .._wire.codec import Decoder
 from .endpoint import EMPTY, UNSET, Endpoint
 

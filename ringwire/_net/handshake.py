@@ -1,10 +1,11 @@
 """Connecting and accepting over TCP: addresses, the rendezvous, the attach.
 
 A listener binds one ZeroMQ ``ROUTER`` socket at its address (the *rendezvous*).  A
-client connects a ``DEALER`` there and sends a :class:`Hello` (protocol version, a
-random session id, its lane capacity and send budget, pid, host name).  The listener
-answers with a :class:`Welcome` -- the port of a ``PAIR`` socket it just bound for
-this connection alone, and a random token -- or a :class:`Refuse` with the reason.
+client connects a ``DEALER`` there and sends a ``Hello`` (protocol version, a random
+session id, its lane capacity and send budget, pid, host name).  The listener answers
+with a ``Welcome`` -- the port of a ``PAIR`` socket it just bound for this connection
+alone, and a random token -- or a ``Refused`` with the reason (the messages:
+:mod:`ringwire._wire.net_control`).
 The client connects a ``PAIR`` to that port and sends the attach (``H`` + token +
 session id); the listener checks it, notes which TCP connection it came from (its
 monitor then names that one's hang-up) and answers ``K``.  The connection's identity
@@ -45,15 +46,12 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from .._errors import HandshakeError, NixlUnreachable, PeerCredentialsError, ProtocolError
-from .._shm.slotconfig import SlotConfig
+from .._pool.slotconfig import SlotConfig
 from .._wire.control import PROTOCOL_VERSION
-from . import nixl
-from .curve import FAILED_EVENTS, Guard, client_refusal, flood, secure_client, server_refusal
-from .keys import ClientKeys, ServerKeys
-from .messages import (
+from .._wire.net_control import (
     MAX_BUDGET,
     Hello,
-    Refuse,
+    Refused,
     Welcome,
     check_attach,
     check_attach_answer,
@@ -64,16 +62,16 @@ from .messages import (
     encode_rendezvous,
     parse_control,
 )
+from . import nixl
+from .curve import FAILED_EVENTS, Guard, client_refusal, flood, secure_client, server_refusal
+from .keys import ClientKeys, ServerKeys
 from .pools import NetEncoder, NetRecvPool, NetSendPool, budget_of
 from .transport import NetTransport
 from .zmqlife import close_monitored, configure, context, monitor_of
 
 __all__ = [
     "Address",
-    "Hello",
     "NetAcceptor",
-    "Refuse",
-    "Welcome",
     "client_handshake",
     "is_tcp",
     "parse_address",
@@ -556,7 +554,7 @@ class NetAcceptor:
             except HandshakeError as exc:
                 refused.append(exc)
                 self.router.send_multipart(
-                    (rid, encode_rendezvous(Refuse(str(exc)))), zmq.NOBLOCK
+                    (rid, encode_rendezvous(Refused(str(exc)))), zmq.NOBLOCK
                 )
         now = time.monotonic()
         for p in list(self._pending):

@@ -70,9 +70,9 @@ import msgspec
 import numpy as np
 
 from .._errors import DecodeError, NeedSlot, NixlUnreachable, ProtocolError, RingwireError
-from .._shm.cuda import cuda_backend
-from .._shm.slotconfig import SlotConfig
-from .._shm.views import HELD
+from .._pool.cuda import cuda_backend
+from .._pool.slotconfig import SlotConfig
+from .._pool.views import HELD
 from .._wire import ext as X
 from .._wire.codec import Encoder, Placer
 from .._wire.descriptors import KIND_NUMPY, KIND_TORCH, NetRef, NixlRef, decode_descriptor
@@ -621,6 +621,9 @@ class NixlRecvPool(NetRecvPool):
         self._landed: Landed | None = None
         self._entries_used: set[int] = set()
         self.nixl_received = 0
+
+    def statistics(self) -> dict[str, Any]:
+        return {**super().statistics(), "nixl_arrays_received": self.nixl_received}
 
     def _new_record(self, parts: list[Any]) -> None:
         super()._new_record(parts)

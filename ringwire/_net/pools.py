@@ -39,7 +39,7 @@ import struct
 import threading
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -54,8 +54,9 @@ from .._errors import (
     SlotRefused,
     SlotsExhausted,
 )
-from .._shm.slotconfig import POLICIES, SlotConfig, check_policy
-from .._shm.views import HELD
+from .._pool.protocols import Placement
+from .._pool.slotconfig import POLICIES, SlotConfig, check_policy
+from .._pool.views import HELD
 from .._wire import ext as X
 from .._wire.codec import Decoder, Encoder, Placer
 from .._wire.descriptors import KIND_NUMPY, KIND_TORCH, NetRef, decode_descriptor
@@ -98,17 +99,12 @@ class NetEncoder(Encoder):
         return payload
 
 
-class NetPlacement(list[tuple[int, int, bool]]):
+class NetPlacement(Placement):
     """The placer of one record: ``(tag, generation, was a loan)`` of every buffer it
     took (what a receipt waits for), and the buffers themselves (``frames``)."""
 
-    __slots__ = ("frames", "policy", "pool")
-    pool: NetSendPool
-    policy: str
+    __slots__ = ("frames",)
     frames: list[Any]
-
-    def __call__(self, obj: Any) -> NetRef | None:
-        return self.pool.place(obj, self)
 
 
 class _Buffer:
@@ -124,9 +120,11 @@ class _Buffer:
 
 
 class NetSendPool:
-    """The sender's side: the budget, buffers in flight, loans, releases, receipts."""
+    """The sender's side: the budget, buffers in flight, loans, releases, receipts (a
+    :class:`~ringwire._pool.protocols.SendPool`)."""
 
     Placement: type[NetPlacement] = NetPlacement
+    reuses_placements = False  # a placement carries its frames beside the list
 
     def __init__(self, config: SlotConfig, releases: deque[tuple[int, int]], max_inline: int):
         self.config = config
@@ -135,6 +133,7 @@ class NetSendPool:
         self._max_inline = max_inline
         self.lock = threading.Lock()
         self.incoming = releases  # (tag, generation) the transport received
+        self.releases_ready: Callable[[], Any] = releases.__len__
         self.sent: dict[int, _Buffer] = {}
         self.loans: dict[int, _Buffer] = {}
         # sent loans the receiver released while the user still holds a view: their
@@ -469,7 +468,8 @@ class NetSendPool:
 
 
 class NetRecvPool:
-    """The receiver's side: the resolver, the finalizers, the release sink."""
+    """The receiver's side: the resolver, the finalizers, the release sink (a
+    :class:`~ringwire._pool.protocols.RecvPool`)."""
 
     def __init__(self, transport: Any, copy_out: bool) -> None:
         self._t = transport
@@ -550,6 +550,15 @@ class NetRecvPool:
         HELD.pop(addr, None)
         self.held.pop(tag, None)
         self.queue.push(tag, gen)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "slot_arrays_received": self.received,
+            "slot_arrays_held": len(self.held),
+            "releases_pending": len(self.queue),
+            "cuda_tensors_received": self.cuda_received,
+            "cuda_pools_opened": self.cuda_opens,
+        }
 
     def decode(self, dec: Decoder, view: Any) -> Any:
         try:

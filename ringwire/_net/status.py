@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from .._errors import RingwireError
-from .._shm.segment import Segment
+from .._pool.segment import Segment
 from .._wire import netstatus as N
 
 __all__ = ["Slot", "open_slot"]

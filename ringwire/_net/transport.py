@@ -84,7 +84,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .._errors import FrameTooLarge, ProtocolError
 from .._wire.control import PROTOCOL_VERSION
-from .messages import MAX_REASON, check_credit, parse_control
+from .._wire.net_control import MAX_REASON, check_credit, parse_control
 from .status import open_slot
 from .zmqlife import GONE_EVENTS, HANDSHAKE_FAILED, retire
 
@@ -194,6 +194,8 @@ class NetReader:
     """The receiving lane: an inbox of received records (see
     :class:`~ringwire._conn.transport.FrameReader`).  ``current`` holds the array
     frames of the record handed out last, for the pool's resolver."""
+
+    read_many_on_error = False
 
     def __init__(self, t: NetTransport, capacity: int) -> None:
         self._t = t

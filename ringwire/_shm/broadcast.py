@@ -49,23 +49,23 @@ from typing import Any, NamedTuple
 import posix_ipc
 
 from .._errors import HandshakeError, ProtocolError, RingwireError, SharedMemoryFull
+from .._pool.segment import Segment, pid_alive, sweep
+from .._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
 from .._wire.broadcast_control import (
+    BROADCAST_VERSIONS,
     Join,
     Joined,
     MessageReader,
     Refused,
     Started,
-    choose_broadcast_version,
     encode_broadcast_message,
     validate_join,
 )
 from .._wire.broadcast_ring import BroadcastWriter, broadcast_ring_size, init_broadcast_ring
-from .._wire.control import ControlReader, SegmentSpec, encode_abort
+from .._wire.control import ControlReader, SegmentSpec, choose_version, encode_abort
 from .._wire.ring import init_ring, validate_capacity
 from .._wire.slotlayout import init_pool, pool_size
 from .broadcast_pool import LANE_SIZE, BroadcastPool
-from .segment import Segment, pid_alive, sweep
-from .slotconfig import RELEASE_CAPACITY, SlotConfig
 from .sockets import bind_unix_socket, check_peer
 
 __all__ = ["BroadcastHub", "ReaderEvent"]
@@ -335,7 +335,7 @@ class BroadcastHub:
     def _admit(self, c: _Conn, join: Join) -> bool:
         if self.failed is not None:
             raise HandshakeError(f"this broadcast failed: {self.failed}")
-        version = choose_broadcast_version(join.versions)
+        version = choose_version(join.versions, BROADCAST_VERSIONS, "broadcast protocol")
         validate_join(join, self.readers)
         rank = self._pick_rank(join.rank)
         start = self.writer.admit(rank, c.pid)

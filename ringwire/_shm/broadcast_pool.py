@@ -10,13 +10,13 @@ followed by release lanes, one per reader rank::
     pool_size + (1 + r) * lane               lane                 reader r: its release lane
 
 (``lane = ring_size(RELEASE_CAPACITY)``.)  Placing arrays, loans, policies and the
-shared slot table are the 1:1 channel's :class:`~ringwire._shm.sendpool.SendPool`,
+shared slot table are the 1:1 channel's :class:`~ringwire._shm.sendpool.ShmSendPool`,
 unchanged: a record's array is copied once into a slot (or a loan is used up), the
 table says ``SENT`` before the record is published, and every reader's
-:class:`~ringwire._shm.recvpool.RecvPool` resolves the same reference into its own
+:class:`~ringwire._shm.recvpool.ShmRecvPool` resolves the same reference into its own
 read-only view, with its own finalizer, releasing on its own lane.  The lane a
-``SendPool`` reads itself (right after the pool) is written by nobody here: it stays
-empty, so the ``SendPool`` never frees a slot on its own.  What is different is *when*
+``ShmSendPool`` reads itself (right after the pool) is written by nobody here: it stays
+empty, so the ``ShmSendPool`` never frees a slot on its own.  What is different is *when*
 a slot comes back, and that is all this module does:
 
 Counting
@@ -33,7 +33,7 @@ record published with no reader at all frees its slots right away.
 
 Only the writer's thread touches this (the writer's lock serialises a blocking
 writer with its watcher thread); finalizers of dropped loans only append to the
-``SendPool``'s deque, taken back at the next :meth:`BroadcastPool.poll`.
+``ShmSendPool``'s deque, taken back at the next :meth:`BroadcastPool.poll`.
 
 Trust: every reader maps the whole pool segment writable (it writes its own lane), as
 a channel's consumer maps its producer's pool.  A reader's bad release is refused and
@@ -50,12 +50,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import RingCorrupted, SlotRefused
+from .._pool.cuda import split_tag
+from .._pool.protocols import Placed
+from .._pool.segment import Segment
+from .._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
 from .._wire.ring import RingReader, init_ring, ring_size
 from .._wire.slotlayout import PoolLayout, SlotAllocator
-from .cuda import split_tag
-from .segment import Segment
-from .sendpool import Placed, SendPool
-from .slotconfig import RELEASE_CAPACITY, SlotConfig
+from .sendpool import ShmSendPool
 
 __all__ = ["LANE_SIZE", "BroadcastPool", "lane_offset"]
 
@@ -77,7 +78,7 @@ class BroadcastPool:
         self.seg = seg
         self.layout = layout
         self.config = config
-        self.send = SendPool(seg, layout, config, max_inline)
+        self.send = ShmSendPool(seg, layout, config, max_inline)
         self.readers = readers
         self.lanes: dict[int, RingReader] = {}
         self.holders: dict[int, list[int]] = {}  # tag -> [generation, mask of readers]
@@ -152,7 +153,7 @@ class BroadcastPool:
                 logger.warning("ringwire broadcast: reader rank %s: %s", rank, str(exc))
                 self.faulty.append(rank)
         if self.send.loan_returns:
-            self.send.poll()  # only loans: nobody writes the SendPool's own lane
+            self.send.poll()  # only loans: nobody writes the ShmSendPool's own lane
         return ring_back
 
     def _poll_lane(self, rank: int, lane: RingReader) -> bool:
@@ -248,7 +249,7 @@ class BroadcastPool:
 
     def close(self) -> None:
         """The writer closed: drop the lanes, close the pool (records already published
-        stay resolvable for readers that have not read them, see ``SendPool.close``)."""
+        stay resolvable for readers that have not read them, see ``ShmSendPool.close``)."""
         for lane in self.lanes.values():
             lane.release()
         self.lanes.clear()

@@ -5,7 +5,7 @@
 or ``("recv", None)``, answered with ``(bytes, descriptors)``; ``b""`` at end of
 file), and :func:`drive_join_sync` / :func:`drive_join_async` perform it on a
 non-blocking socket.  The segments arrive as descriptors (``SCM_RIGHTS``): each is
-checked like :meth:`Segment.attach <ringwire._shm.segment.Segment.attach>` checks a
+checked like :meth:`Segment.attach <ringwire._pool.segment.Segment.attach>` checks a
 name (our uid, nobody else's access, the announced size), mapped, and closed; their
 names were unlinked by the writer when it made them.
 
@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import mmap
 import os
-import select
 import socket
 import stat
-import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
+from .._pool.segment import Segment
+from .._pool.slotconfig import RELEASE_CAPACITY
 from .._wire.broadcast_control import (
     BROADCAST_VERSIONS,
     Join,
@@ -46,14 +44,12 @@ from .._wire.broadcast_control import (
     validate_joined,
 )
 from .._wire.broadcast_ring import BroadcastReader, read_broadcast_header
+from .._wire.codec import Encoder
 from .._wire.control import ControlReader, SegmentSpec
 from .._wire.ring import check_ring
 from .._wire.slotlayout import PoolLayout, read_pool
-from .handshake import poll_fd
-from .recvpool import RecvPool
-from .segment import Segment
-from .slotconfig import RELEASE_CAPACITY
-from .sockets import ControlSocketEnd
+from .recvpool import ShmRecvPool
+from .sockets import ControlSocketEnd, Step, drive_handshake_async, drive_handshake_sync
 
 __all__ = [
     "JoinResult",
@@ -129,8 +125,7 @@ def _attach_fd(fd: int, spec: SegmentSpec) -> Segment:
     return Segment(spec.name, spec.size, mmap.mmap(fd, spec.size), created=False)
 
 
-_Step = tuple[str, bytes | None]
-JoinGen = Generator[_Step, tuple[bytes, list[int]], JoinResult]
+JoinGen = Generator[Step, tuple[bytes, list[int]], JoinResult]
 
 
 def join_handshake(rank: int | None) -> JoinGen:
@@ -198,86 +193,29 @@ def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
     return data, list(fds)
 
 
+_JOIN_CLOSED = "the writer closed the connection during the join"
+_JOIN_EOF: tuple[bytes, list[int]] = (b"", [])  # (read only: the join only extends from it)
+
+
 def drive_join_sync(gen: JoinGen, sock: socket.socket, deadline: float) -> JoinResult:
     """Perform :func:`join_handshake` on a non-blocking socket, by ``deadline``."""
-
-    def left() -> float:
-        t = deadline - time.monotonic()
-        if t <= 0:
-            raise TimeoutError("joining the broadcast timed out")
-        return t
-
-    try:
-        step = next(gen)
-        while True:
-            kind, data = step
-            answer: tuple[bytes, list[int]] = (b"", [])
-            if kind == "recv":
-                while True:
-                    try:
-                        answer = _recv_fds(sock)
-                        break
-                    except (BlockingIOError, InterruptedError):
-                        poll_fd(sock.fileno(), select.POLLIN, left())
-                    except (ConnectionResetError, BrokenPipeError):
-                        break
-            else:
-                assert data is not None
-                view = memoryview(data)
-                try:
-                    while view:
-                        try:
-                            view = view[sock.send(view) :]
-                        except BlockingIOError:
-                            poll_fd(sock.fileno(), select.POLLOUT, left())
-                except OSError:
-                    raise HandshakeError(
-                        "the writer closed the connection during the join"
-                    ) from None
-            step = gen.send(answer)
-    except StopIteration as stop:
-        result: JoinResult = stop.value
-        return result
-    finally:
-        gen.close()
+    return drive_handshake_sync(
+        gen,
+        sock,
+        deadline,
+        recv=_recv_fds,
+        eof=_JOIN_EOF,
+        closed=_JOIN_CLOSED,
+        timed_out="joining the broadcast timed out",
+    )
 
 
 async def drive_join_async(gen: JoinGen, sock: socket.socket) -> JoinResult:
     """Perform :func:`join_handshake` on a non-blocking socket (bound by the caller's
     cancel scope)."""
-    try:
-        step = next(gen)
-        while True:
-            kind, data = step
-            answer: tuple[bytes, list[int]] = (b"", [])
-            if kind == "recv":
-                while True:
-                    try:
-                        answer = _recv_fds(sock)
-                        break
-                    except (BlockingIOError, InterruptedError):
-                        await anyio.wait_readable(sock)
-                    except (ConnectionResetError, BrokenPipeError):
-                        break
-            else:
-                assert data is not None
-                view = memoryview(data)
-                try:
-                    while view:
-                        try:
-                            view = view[sock.send(view) :]
-                        except BlockingIOError:
-                            await anyio.wait_writable(sock)
-                except OSError:
-                    raise HandshakeError(
-                        "the writer closed the connection during the join"
-                    ) from None
-            step = gen.send(answer)
-    except StopIteration as stop:
-        result: JoinResult = stop.value
-        return result
-    finally:
-        gen.close()
+    return await drive_handshake_async(
+        gen, sock, recv=_recv_fds, eof=_JOIN_EOF, closed=_JOIN_CLOSED
+    )
 
 
 class SubscriberTransport(ControlSocketEnd):
@@ -302,13 +240,15 @@ class SubscriberTransport(ControlSocketEnd):
         self.version = joined.version
         self.doorbells_sent = self.doorbells_received = 0
         self._control = ControlReader()
+        self.encoder = Encoder()  # (a reader sends nothing; the endpoint's seam has one)
+        self.tensor_path, self.nixl_off = "slots", ""
         if result.rest:
             self.doorbells_received += self._control.feed(result.rest)
         self.send_pool = None
-        self.recv_pool: RecvPool | None = None
+        self.recv_pool: ShmRecvPool | None = None
         if result.pool is not None:
             seg, layout = result.pool
-            self.recv_pool = RecvPool(
+            self.recv_pool = ShmRecvPool(
                 seg, layout, self._release_bell, copy_out, lane_offset=joined.lane_offset
             )
 

@@ -3,34 +3,32 @@
 The protocol (messages, order, the sans-I/O state machine) is
 :mod:`ringwire._wire.control`.  Here each role is a generator that creates, attaches,
 checks and unlinks segments and yields what to do on the control socket --
-``("send", bytes)``, ``("send_best_effort", bytes)`` (a Reject) or ``("recv", None)``,
+``("send", bytes)``, ``("send_best_effort", bytes)`` (a refusal) or ``("recv", None)``,
 answered with the bytes received (``b""`` at end of file) -- and returns a
 :class:`HandshakeResult`.  :func:`drive_async` and :func:`drive_sync` perform those
-steps on a non-blocking socket and return the :class:`~ringwire._shm.transport.ShmTransport`.
+steps on a non-blocking socket (with the one handshake driver of
+:mod:`ringwire._shm.sockets`) and return the :class:`~ringwire._shm.transport.ShmTransport`.
 Whatever goes wrong, a failed handshake leaves no segment and no name behind.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import select
 import socket
-import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
+from .._pool.segment import Segment, unlink_segment
+from .._pool.slotconfig import SlotConfig, attach_pool, create_pool
 from .._wire.control import (
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     Handshake,
     Hello,
     Ready,
-    Reject,
+    Refused,
     RingSpec,
     SegmentSpec,
     Welcome,
@@ -40,8 +38,7 @@ from .._wire.control import (
 from .._wire.names import name_pid
 from .._wire.ring import check_ring, init_ring, ring_size
 from .._wire.slotlayout import PoolLayout
-from .segment import Segment, unlink_segment
-from .slotconfig import SlotConfig, attach_pool, create_pool
+from .sockets import Step, drive_handshake_async, drive_handshake_sync
 from .transport import ShmTransport
 
 __all__ = [
@@ -50,13 +47,13 @@ __all__ = [
     "client_handshake",
     "drive_async",
     "drive_sync",
-    "poll_fd",
     "server_handshake",
 ]
 
 
-# A handshake generator yields ("send", bytes), ("send_best_effort", bytes) or
-# ("recv", None); the driver answers a "recv" with the bytes received (b"" at EOF).
+# A handshake generator yields ringwire._shm.sockets.Step: ("send", bytes),
+# ("send_best_effort", bytes) or ("recv", None); the driver answers a "recv" with the
+# bytes received (b"" at EOF).
 
 
 @dataclass
@@ -69,11 +66,10 @@ class HandshakeResult:
     peer_pool: tuple[Segment, PoolLayout] | None
 
 
-_Step = tuple[str, bytes | None]
-HandshakeGen = Generator[_Step, bytes | None, HandshakeResult]
+HandshakeGen = Generator[Step, bytes | None, HandshakeResult]
 
 
-def _recv_message(hs: Handshake) -> Generator[_Step, bytes | None, Any]:
+def _recv_message(hs: Handshake) -> Generator[Step, bytes | None, Any]:
     while True:
         msg = hs.next_message()
         if msg is not None:
@@ -216,7 +212,7 @@ def server_handshake(
                 pseg, layout = create_pool(slots)
                 own = (pseg, layout, slots)
         except (HandshakeError, SegmentError, RingCorrupted) as exc:
-            yield ("send_best_effort", hs.send(Reject(str(exc))))
+            yield ("send_best_effort", hs.send(Refused(str(exc))))
             raise HandshakeError(f"client pid {hello.pid}: {exc}") from None
         specs = [] if own is None else [SegmentSpec(own[0].name, own[0].size, "slots")]
         yield ("send", hs.send(Welcome(version=version, pid=os.getpid(), segments=specs)))
@@ -250,101 +246,38 @@ def server_handshake(
                     pass
 
 
-def _finish(stop: StopIteration, sock: socket.socket) -> ShmTransport:
-    r: HandshakeResult = stop.value
+def _finish(r: HandshakeResult, sock: socket.socket) -> ShmTransport:
     return ShmTransport(
         sock, r.segments, r.tx, r.rx, r.peer_pid, PROTOCOL_VERSION, r.own_pool, r.peer_pool
     )
 
 
-async def _send_all_async(sock: socket.socket, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = sock.send(view)
-        except BlockingIOError:
-            await anyio.wait_writable(sock)
-            continue
-        view = view[n:]
+_CLOSED = "the peer closed the connection during the handshake"
+
+
+def _recv(sock: socket.socket) -> bytes:
+    return sock.recv(65536)
 
 
 async def drive_async(gen: HandshakeGen, sock: socket.socket) -> ShmTransport:
-    try:
-        step = next(gen)
-        while True:
-            kind, data = step
-            answer: bytes | None = None
-            if kind == "recv":
-                while True:
-                    try:
-                        answer = sock.recv(65536)
-                        break
-                    except BlockingIOError:
-                        await anyio.wait_readable(sock)
-                    except (ConnectionResetError, BrokenPipeError):
-                        answer = b""
-                        break
-            else:
-                assert data is not None
-                try:
-                    await _send_all_async(sock, data)
-                except OSError:
-                    if kind == "send":
-                        raise HandshakeError(
-                            "the peer closed the connection during the handshake"
-                        ) from None
-            step = gen.send(answer)
-    except StopIteration as stop:
-        return _finish(stop, sock)
-    finally:
-        gen.close()
-
-
-def poll_fd(fd: int, events: int, timeout: float | None) -> bool:
-    p = select.poll()
-    p.register(fd, events)
-    ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
-    return bool(p.poll(ms))
+    """Perform handshake ``gen`` on non-blocking ``sock`` (bounded by the caller's cancel
+    scope) and make the transport.  Raises :class:`~ringwire.HandshakeError` and
+    whatever ``gen`` raises."""
+    result = await drive_handshake_async(gen, sock, recv=_recv, eof=b"", closed=_CLOSED)
+    return _finish(result, sock)
 
 
 def drive_sync(gen: HandshakeGen, sock: socket.socket, deadline: float) -> ShmTransport:
-    def remaining() -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the ringwire handshake timed out")
-        return left
-
-    try:
-        step = next(gen)
-        while True:
-            kind, data = step
-            answer: bytes | None = None
-            if kind == "recv":
-                while True:
-                    try:
-                        answer = sock.recv(65536)
-                        break
-                    except BlockingIOError:
-                        poll_fd(sock.fileno(), select.POLLIN, remaining())
-                    except (ConnectionResetError, BrokenPipeError):
-                        answer = b""
-                        break
-            else:
-                assert data is not None
-                view = memoryview(data)
-                try:
-                    while view:
-                        try:
-                            view = view[sock.send(view) :]
-                        except BlockingIOError:
-                            poll_fd(sock.fileno(), select.POLLOUT, remaining())
-                except OSError:
-                    if kind == "send":
-                        raise HandshakeError(
-                            "the peer closed the connection during the handshake"
-                        ) from None
-            step = gen.send(answer)
-    except StopIteration as stop:
-        return _finish(stop, sock)
-    finally:
-        gen.close()
+    """Perform handshake ``gen`` on non-blocking ``sock`` by ``deadline`` and make the
+    transport.  Raises ``TimeoutError``, :class:`~ringwire.HandshakeError` and
+    whatever ``gen`` raises."""
+    result = drive_handshake_sync(
+        gen,
+        sock,
+        deadline,
+        recv=_recv,
+        eof=b"",
+        closed=_CLOSED,
+        timed_out="the ringwire handshake timed out",
+    )
+    return _finish(result, sock)

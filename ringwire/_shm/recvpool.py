@@ -2,7 +2,7 @@
 
 Receiving
 ---------
-The channel's :class:`~ringwire.Decoder` calls :meth:`RecvPool.resolve` for every
+The channel's :class:`~ringwire.Decoder` calls :meth:`ShmRecvPool.resolve` for every
 Ext 4.  The reference is checked against the peer's pool as it was read at attach
 time (:func:`~ringwire._wire.slotlayout.check_ref`: this connection's pool id, slot in
 range, byte range inside that slot, generation current and ``SENT``); anything else
@@ -31,7 +31,7 @@ bytecode of any code -- including ringwire's own, in the middle of a send, a rec
 a flush, or a ring write, and including while that code holds locks.  So:
 
 1. **It never blocks and takes no lock the interrupted code may hold.**  The callback
-   (:meth:`RecvPool._finalized`) does two ``dict.pop`` calls and
+   (:meth:`ShmRecvPool._finalized`) does two ``dict.pop`` calls and
    :meth:`ReleaseQueue.push`: a ``deque.append`` (atomic under the GIL) and a flush
    that only *tries* the queue's own lock.  The sink it may call writes the release
    lane, which nothing but the sink writes (and the sink runs only under that lock),
@@ -46,7 +46,7 @@ a flush, or a ring write, and including while that code holds locks.  So:
    rings back when it has drained the lane; the batch goes out at the next *safe
    point*: every send, receive and loan on the channel, and every doorbell wake-up.
    If a record fails to decode, the references in it that were never resolved are
-   released at once (:meth:`RecvPool.salvage`), so a bad record leaks nothing either.
+   released at once (:meth:`ShmRecvPool.salvage`), so a bad record leaks nothing either.
 3. **It never touches memory that is unmapped.**  Close first closes the queue (which
    waits for a flush in progress; ``__del__`` uses the non-blocking form), then drops
    the lane's memoryviews, then closes the segment -- which does *not* unmap while
@@ -71,6 +71,17 @@ import numpy as np
 from .._errors import (
     DecodeError,
 )
+from .._pool.cuda import (
+    OpenedCudaPool,
+    ReleaseThread,
+    cuda_backend,
+    cuda_pool_id,
+    cuda_tag,
+    local_device_of,
+    sweep,
+)
+from .._pool.segment import Segment
+from .._pool.views import HELD
 from .._wire import ext as X
 from .._wire.codec import Decoder
 from .._wire.descriptors import KIND_NUMPY, CudaRef, SlotRef, decode_descriptor
@@ -86,27 +97,17 @@ from .._wire.slotlayout import (
     PoolLayout,
     check_ref,
 )
-from .cuda import (
-    OpenedCudaPool,
-    ReleaseThread,
-    cuda_backend,
-    cuda_pool_id,
-    cuda_tag,
-    local_device_of,
-    sweep,
-)
-from .segment import Segment
-from .views import HELD
 
 __all__ = [
-    "RecvPool",
+    "ShmRecvPool",
 ]
 
 # -- the consumer's side -----------------------------------------------------------------
 
 
-class RecvPool:
-    """The consumer's view of the peer's pool: resolver, finalizers, release sink."""
+class ShmRecvPool:
+    """The consumer's view of the peer's pool: resolver, finalizers, release sink (a
+    :class:`~ringwire._pool.protocols.RecvPool`)."""
 
     def __init__(
         self,
@@ -291,6 +292,15 @@ class RecvPool:
             self.held.pop(slot, None)
         self.queue.push(slot, gen)
 
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "slot_arrays_received": self.received,
+            "slot_arrays_held": len(self.held),
+            "releases_pending": len(self.queue),
+            "cuda_tensors_received": self.cuda_received,
+            "cuda_pools_opened": self.cuda_opens,
+        }
+
     def decode(self, dec: Decoder, view: Any) -> Any:
         """Decode one record that may reference this pool (``dec`` resolves with
         :meth:`resolve`).  If it fails to decode, every reference in it that was not
@@ -387,7 +397,7 @@ class RecvPool:
         The release lane's writer-closed flag is set: a producer that closed first (it
         no longer reads our socket) learns from it that we open nothing any more, so it
         may hand its GPU blocks to other connections once our mappings are gone
-        (:mod:`ringwire._shm.cudablocks`).  A single store, no lock: safe in ``__del__``."""
+        (:mod:`ringwire._pool.cudablocks`).  A single store, no lock: safe in ``__del__``."""
         self.queue.close(blocking)
         if self._cuda_releaser is not None:
             self._cuda_releaser.stop()

@@ -2,7 +2,7 @@
 
 Sending
 -------
-The channel's :class:`~ringwire.Encoder` calls :meth:`SendPool.place` for every numpy
+The channel's :class:`~ringwire.Encoder` calls :meth:`ShmSendPool.place` for every numpy
 array and torch tensor.  An array whose memory lies in a live *loan* of this pool is
 sent by reference without a copy (and the loan is used up); any other array at or
 above ``SlotConfig.threshold`` bytes is copied once into the smallest free slot.  The
@@ -21,7 +21,7 @@ Peer death
 The producer learns of the consumer's death from end-of-file on the control socket
 (at once on asyncio, whose reader callback is registered while the endpoint waits;
 otherwise at the next operation or wake-up) and reclaims every ``SENT`` slot
-(:meth:`SendPool.reclaim`).  If the producer dies, the consumer's views stay valid:
+(:meth:`ShmSendPool.reclaim`).  If the producer dies, the consumer's views stay valid:
 the segment's name was unlinked at handshake time, and its memory lives as long as
 the consumer's mapping, which lives as long as the last view.
 """
@@ -32,7 +32,7 @@ import collections
 import contextlib
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,19 @@ from .._errors import (
     SlotRefused,
     SlotsExhausted,
 )
+from .._pool.cuda import (
+    CudaNeed,
+    CudaSendPool,
+    cuda_backend,
+    cuda_nbytes,
+    cuda_pool_id,
+    cuda_tag,
+    split_tag,
+    sweep,
+)
+from .._pool.protocols import Placement
+from .._pool.segment import Segment
+from .._pool.slotconfig import POLICIES, SlotConfig, check_policy, describe_classes
 from .._wire.descriptors import KIND_NUMPY, KIND_TORCH, CudaRef, SlotRef
 from .._wire.dtypes import (
     numpy_dtype_to_wire,
@@ -59,24 +72,8 @@ from .._wire.slotlayout import (
     PoolLayout,
     SlotAllocator,
 )
-from .cuda import (
-    CudaNeed,
-    CudaSendPool,
-    cuda_backend,
-    cuda_nbytes,
-    cuda_pool_id,
-    cuda_tag,
-    split_tag,
-    sweep,
-)
-from .segment import Segment
-from .slotconfig import POLICIES, SlotConfig, check_policy, describe_classes
 
-__all__ = [
-    "Placed",
-    "Placement",
-    "SendPool",
-]
+__all__ = ["ShmSendPool"]
 
 
 def _address(buf: Any) -> int:
@@ -89,36 +86,17 @@ def _address(buf: Any) -> int:
 
 # -- the producer's side -----------------------------------------------------------------
 
-# (slot, generation, was a loan)
-Placed = list[tuple[int, int, bool]]
-
-
-class Placement(list[tuple[int, int, bool]]):
-    """The placer of one record, and what it placed.
-
-    ``Encoder.encode_with(item, placement)`` calls it for every array and tensor of
-    the record; the placement itself is then the list of every slot the record took,
-    as ``(slot, generation, was a loan)`` -- what :meth:`SendPool.abort` gives back if
-    the record is not published, and what a :class:`~ringwire.Receipt` waits for.
-    Made by :meth:`SendPool.placement` (a list with two attributes: one is made per
-    record on the send path, so it must be cheap)."""
-
-    __slots__ = ("pool", "policy")
-    pool: SendPool
-    policy: str  # "wait", "inline" or "error": what to do when no slot is free
-
-    def __call__(self, obj: Any) -> SlotRef | CudaRef | None:
-        return self.pool.place(obj, self)
-
-
-class SendPool:
-    """The producer's view of its own pool: allocation, loans, releases, receipts.
+class ShmSendPool:
+    """The producer's view of its own pool: allocation, loans, releases, receipts
+    (a :class:`~ringwire._pool.protocols.SendPool`).
 
     Not thread-safe by itself except where noted: the channel calls :meth:`place`
     under its send lock (or from its one event loop).  The pool's state changes under
     ``self.lock``, which finalizers never take (a dropped loan only appends to a
     deque).
     """
+
+    reuses_placements = True  # a Placement holds nothing beside its list
 
     def __init__(
         self, seg: Segment, layout: PoolLayout, config: SlotConfig, max_inline: int
@@ -128,6 +106,8 @@ class SendPool:
         self.layout = layout
         self.alloc = SlotAllocator(seg.buf, layout)
         self.reader = RingReader(seg.buf, layout.total_size)
+        # has the release lane a frame?  (on the C ring one C call, no ints made)
+        self.releases_ready: Callable[[], Any] = self.reader.available
         self.lock = threading.Lock()
         self._buf: Any = seg.buf
         base = _address(seg.buf)
@@ -220,7 +200,7 @@ class SendPool:
             placement.policy = check_policy(policy) or self.config.policy
         return placement
 
-    def abort(self, placed: Placed) -> None:
+    def abort(self, placed: Sequence[tuple[int, int, bool]]) -> None:
         """Give back the slots of a record that was not published."""
         if not placed or self.closed:
             return
@@ -612,7 +592,7 @@ class SendPool:
         slot table is left as it is: records we published before closing stay readable
         (their references resolve) until the consumer has read them.
 
-        GPU pools are retired (:func:`ringwire._shm.cudablocks.retire`): their memory
+        GPU pools are retired (:func:`ringwire._pool.cudablocks.retire`): their memory
         and events stay until the consumer can no longer read them -- it is gone (end of
         file, or the closed flag it sets on the release lane) and maps nothing -- so
         CUDA records published before closing resolve too; then each block goes to the

@@ -1,22 +1,46 @@
-"""Unix-socket helpers of the shared-memory transport: peer credentials, listening.
+"""Unix-socket helpers of the shared-memory transport: peer credentials, listening,
+and the one driver of every handshake on such a socket.
 
 Every connection's control socket is a Unix stream socket (mode 0600); the kernel
 tells each side who the other is (``SO_PEERCRED``), so a peer running as another user
 is refused before a byte of the handshake is read.
+
+A handshake -- a channel's (:mod:`ringwire._shm.handshake`) or a broadcast reader's
+join (:mod:`ringwire._shm.broadcast_reader`) -- is a sans-I/O generator of
+:data:`Step`; :func:`drive_handshake_sync` and :func:`drive_handshake_async` perform
+its steps on a non-blocking socket, receiving with a callable the caller passes (plain
+bytes, or bytes and descriptors).  Both run one loop (:func:`_perform`), which yields
+what to wait for; they only wait.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import socket
 import stat
 import struct
+import time
+from collections.abc import Callable, Generator
+from typing import TypeVar
 
-from .._errors import PeerCredentialsError
+import anyio
+
+from .._errors import HandshakeError, PeerCredentialsError
 from .._wire.control import DOORBELL_SPACE, ControlReader, encode_abort
 
-__all__ = ["ControlSocketEnd", "bind_unix_socket", "check_peer", "hung_up", "peer_credentials"]
+__all__ = [
+    "ControlSocketEnd",
+    "Step",
+    "bind_unix_socket",
+    "check_peer",
+    "drive_handshake_async",
+    "drive_handshake_sync",
+    "hung_up",
+    "peer_credentials",
+    "poll_fd",
+]
 
 _HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 
@@ -160,3 +184,127 @@ def bind_unix_socket(path: str, backlog: int = 128) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+# -- driving a handshake ------------------------------------------------------------------
+
+Step = tuple[str, bytes | None]
+"""What a handshake generator asks of its driver: ``("send", bytes)`` (if the peer is
+gone, :class:`~ringwire.HandshakeError`), ``("send_best_effort", bytes)`` (a refusal:
+a failure is ignored) or ``("recv", None)``.  A receive is answered with what the
+receive callable returned (``eof`` at end of file or on a reset connection), a send
+with ``eof``."""
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+def poll_fd(fd: int, events: int, timeout: float | None) -> bool:
+    """Wait until ``fd`` has one of ``events`` (``select.POLL*``), at most ``timeout``
+    seconds (``None``: no limit); ``False`` if it timed out."""
+    p = select.poll()
+    p.register(fd, events)
+    ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+    return bool(p.poll(ms))
+
+
+def _perform(
+    gen: Generator[Step, R, T],
+    sock: socket.socket,
+    recv: Callable[[socket.socket], R],
+    eof: R,
+    closed: str,
+) -> Generator[int, None, T]:
+    """Perform ``gen``'s steps on ``sock``; yield ``select.POLLIN`` / ``POLLOUT`` when
+    the socket must become readable / writable first; return ``gen``'s result.
+    Raises :class:`~ringwire.HandshakeError` (``closed``) when a send finds the peer
+    gone, and whatever ``gen`` or ``recv`` raise.  ``gen`` is closed in any case."""
+    try:
+        step = next(gen)
+        while True:
+            kind, data = step
+            answer = eof
+            if kind == "recv":
+                while True:
+                    try:
+                        answer = recv(sock)
+                        break
+                    except (BlockingIOError, InterruptedError):
+                        yield select.POLLIN
+                    except (ConnectionResetError, BrokenPipeError):
+                        break
+            else:
+                assert data is not None
+                view = memoryview(data)
+                try:
+                    while view:
+                        try:
+                            view = view[sock.send(view) :]
+                        except (BlockingIOError, InterruptedError):
+                            yield select.POLLOUT
+                except OSError:
+                    if kind == "send":
+                        raise HandshakeError(closed) from None
+            step = gen.send(answer)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        gen.close()
+
+
+def drive_handshake_sync(
+    gen: Generator[Step, R, T],
+    sock: socket.socket,
+    deadline: float,
+    *,
+    recv: Callable[[socket.socket], R],
+    eof: R,
+    closed: str,
+    timed_out: str,
+) -> T:
+    """Run handshake ``gen`` on non-blocking ``sock`` by ``deadline`` (a
+    ``time.monotonic()`` value): its result.  Raises ``TimeoutError`` (``timed_out``)
+    past the deadline, :class:`~ringwire.HandshakeError` (``closed``: the peer went
+    away while we sent), and whatever ``gen`` raises."""
+    steps = _perform(gen, sock, recv, eof, closed)
+    try:
+        events = next(steps)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(timed_out)
+            poll_fd(sock.fileno(), events, left)
+            events = steps.send(None)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        steps.close()
+
+
+async def drive_handshake_async(
+    gen: Generator[Step, R, T],
+    sock: socket.socket,
+    *,
+    recv: Callable[[socket.socket], R],
+    eof: R,
+    closed: str,
+) -> T:
+    """Run handshake ``gen`` on non-blocking ``sock`` (bounded by the caller's cancel
+    scope): its result.  Raises :class:`~ringwire.HandshakeError` (``closed``: the peer
+    went away while we sent) and whatever ``gen`` raises."""
+    steps = _perform(gen, sock, recv, eof, closed)
+    try:
+        events = next(steps)
+        while True:
+            if events == select.POLLIN:
+                await anyio.wait_readable(sock)
+            else:
+                await anyio.wait_writable(sock)
+            events = steps.send(None)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        steps.close()

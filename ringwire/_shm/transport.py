@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import socket
 
+from .._pool.segment import Segment
+from .._pool.slotconfig import SlotConfig
+from .._wire.codec import Encoder
 from .._wire.control import ControlReader
 from .._wire.lanes import RingReader, RingWriter
 from .._wire.slotlayout import PoolLayout
-from .recvpool import RecvPool
-from .segment import Segment
-from .sendpool import SendPool
-from .slotconfig import SlotConfig
+from .recvpool import ShmRecvPool
+from .sendpool import ShmSendPool
 from .sockets import ControlSocketEnd
 
 __all__ = ["ShmTransport"]
@@ -54,15 +55,18 @@ class ShmTransport(ControlSocketEnd):
         self.version = version
         self.doorbells_sent = self.doorbells_received = 0
         self._control = ControlReader()
-        self.send_pool: SendPool | None = None
-        self.recv_pool: RecvPool | None = None
+        self.encoder = Encoder()
+        self.tensor_path, self.nixl_off = "slots", ""
+        self.send_pool: ShmSendPool | None = None
+        self.recv_pool: ShmRecvPool | None = None
         if own_pool is not None:
             seg, layout, config = own_pool
-            self.send_pool = SendPool(seg, layout, config, self.tx.max_payload - _MAX_RECORD_SLACK)
+            max_inline = self.tx.max_payload - _MAX_RECORD_SLACK
+            self.send_pool = ShmSendPool(seg, layout, config, max_inline)
         if peer_pool is not None:
             seg, layout = peer_pool
             copy = own_pool[2].copy_out if own_pool is not None else False
-            self.recv_pool = RecvPool(seg, layout, self._release_bell, copy)
+            self.recv_pool = ShmRecvPool(seg, layout, self._release_bell, copy)
 
     def close(self) -> None:
         self.shutdown()

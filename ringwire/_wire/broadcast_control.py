@@ -5,7 +5,8 @@ broadcast's path, mode 0600, peer uid checked).  It carries, in order:
 
 1. **The join**, length-prefixed msgpack messages ``[u32 big-endian length][msgpack
    map]`` of at most :data:`~ringwire._wire.control.MAX_MESSAGE` bytes, as the
-   connection handshake of :mod:`ringwire._wire.control`::
+   connection handshake of :mod:`ringwire._wire.control` (whose ``choose_version``
+   picks the version here too, from :data:`BROADCAST_VERSIONS`)::
 
        reader -> writer   Join     versions, the reader's pid, the rank it wants (or -1)
        writer -> reader   Joined   version, writer pid, rank, start position, ring and
@@ -52,7 +53,6 @@ __all__ = [
     "MessageReader",
     "Refused",
     "Started",
-    "choose_broadcast_version",
     "encode_broadcast_message",
     "validate_join",
     "validate_joined",
@@ -86,6 +86,8 @@ class Joined(msgspec.Struct, tag="joined", kw_only=True):
 
 
 class Refused(msgspec.Struct, tag="refused"):
+    """The join is refused, and why (the broadcast's :class:`~.control.Refused`)."""
+
     reason: str
 
 
@@ -143,16 +145,6 @@ class MessageReader:
         out = bytes(self._buf)
         self._buf.clear()
         return out
-
-
-def choose_broadcast_version(offered: list[int]) -> int:
-    common = set(offered) & set(BROADCAST_VERSIONS)
-    if not common:
-        raise HandshakeError(
-            f"no common broadcast protocol version: the reader offers {sorted(offered)!r:.200}, "
-            f"this writer speaks {list(BROADCAST_VERSIONS)!r}"
-        )
-    return max(common)
 
 
 def validate_join(msg: Join, readers: int) -> None:

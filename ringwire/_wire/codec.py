@@ -81,6 +81,10 @@ Placer = Callable[[Any], "SlotRef | CudaRef | NetRef | NixlRef | None"]
 # called with a SlotRef / CudaRef (an SGLangState in the SGLang profile)
 Resolver = Callable[[Any], Any]
 Profile = Literal["ringwire", "sglang"]
+# profile -> the Encoder / Decoder subclass that speaks it (each registers itself when
+# its class is made: the "sglang" ones in .sglang, which the package imports)
+_ENCODER_PROFILES: dict[str, type[Encoder]] = {}
+_DECODER_PROFILES: dict[str, type[Decoder]] = {}
 
 
 # --------------------------------------------------------------------------- encoding
@@ -191,14 +195,18 @@ class Encoder:
 
     profile: Profile = "ringwire"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "profile" in cls.__dict__:  # a profile: Encoder(profile=...) makes one
+            _ENCODER_PROFILES[cls.profile] = cls
+
     def __new__(cls, *, profile: Profile = "ringwire", **_: Any) -> Encoder:
         if profile == cls.profile:
             return super().__new__(cls)
-        if profile == "sglang" and cls is Encoder:
-            from .sglang import SGLangEncoder
-
-            return super().__new__(SGLangEncoder)
-        raise ValueError(f"{cls.__name__} has no profile {profile!r}")
+        sub = _ENCODER_PROFILES.get(profile) if cls is Encoder else None
+        if sub is None:
+            raise ValueError(f"{cls.__name__} has no profile {profile!r}")
+        return super().__new__(sub)
 
     def __init__(
         self,
@@ -506,14 +514,18 @@ class Decoder:
 
     profile: Profile = "ringwire"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "profile" in cls.__dict__:  # a profile: Decoder(profile=...) makes one
+            _DECODER_PROFILES[cls.profile] = cls
+
     def __new__(cls, type: Any = Any, *, profile: Profile = "ringwire", **_: Any) -> Decoder:
         if profile == cls.profile:
             return super().__new__(cls)
-        if profile == "sglang" and cls is Decoder:
-            from .sglang import SGLangDecoder
-
-            return super().__new__(SGLangDecoder)
-        raise ValueError(f"{cls.__name__} has no profile {profile!r}")
+        sub = _DECODER_PROFILES.get(profile) if cls is Decoder else None
+        if sub is None:
+            raise ValueError(f"{cls.__name__} has no profile {profile!r}")
+        return super().__new__(sub)
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ of a ``socketpair`` for :func:`ringwire.pair`).  It carries, in order:
 
        client -> server   Hello    protocol versions, the client's segments, ring placement
        server -> client   Welcome  chosen version, the server's own segments (none yet)
-                   (or)   Reject   a reason; the connection ends
+                   (or)   Refused  a reason; the connection ends
        client -> server   Ready    the client attached everything
 
    The client creates the ring segment and unlinks its name as soon as it reads
@@ -37,6 +37,7 @@ This module does no I/O.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Literal, Union
 
 import msgspec
@@ -59,10 +60,11 @@ __all__ = [
     "Hello",
     "Message",
     "Ready",
-    "Reject",
+    "Refused",
     "RingSpec",
     "SegmentSpec",
     "Welcome",
+    "choose_version",
     "encode_abort",
     "decode_message",
     "encode_message",
@@ -125,11 +127,16 @@ class Ready(msgspec.Struct, tag="ready"):
     pass
 
 
-class Reject(msgspec.Struct, tag="reject"):
+class Refused(msgspec.Struct, tag="reject"):
+    """The handshake is refused, and why (its tag on the wire is "reject").  Every
+    handshake of the package calls its refusal ``Refused``: the broadcast join's
+    (:mod:`.broadcast_control`) and the TCP rendezvous' (:mod:`ringwire._wire.net_control`)
+    are messages of their own protocols, with their own tags."""
+
     reason: str
 
 
-Message = Union[Hello, Welcome, Ready, Reject]
+Message = Union[Hello, Welcome, Ready, Refused]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -151,12 +158,17 @@ def decode_message(body: bytes | memoryview) -> Message:
         raise HandshakeError(f"malformed handshake message: {exc}") from None
 
 
-def choose_version(offered: list[int]) -> int:
-    common = set(offered) & set(SUPPORTED_VERSIONS)
+def choose_version(
+    offered: list[int], supported: Sequence[int] = SUPPORTED_VERSIONS, what: str = "protocol"
+) -> int:
+    """The highest version both the peer (``offered``) and this side (``supported``)
+    speak -- of the connection handshake, or (``what``) of another protocol: the
+    broadcast join's.  Raises :class:`HandshakeError` (naming both lists) if none."""
+    common = set(offered) & set(supported)
     if not common:
         raise HandshakeError(
-            f"no common protocol version: peer offers {sorted(offered)!r:.200}, "
-            f"we support {list(SUPPORTED_VERSIONS)!r}"
+            f"no common {what} version: the peer offers {sorted(offered)!r:.200}, "
+            f"this side speaks {list(supported)!r}"
         )
     return max(common)
 
@@ -169,7 +181,7 @@ def validate_hello(hello: Hello, *, max_capacity: int = MAX_CAPACITY) -> None:
         raise HandshakeError("a hello must announce between 1 and 16 segments")
     for seg in hello.segments:
         if not is_segment_name(seg.name):
-            raise HandshakeError(f"bad segment name {seg.name!r:.100}")  # fits a Reject
+            raise HandshakeError(f"bad segment name {seg.name!r:.100}")  # fits a Refused
         if not 0 < seg.size <= 1 << 40:
             raise HandshakeError(f"bad segment size {seg.size!r}")
     regions = []
@@ -199,18 +211,18 @@ def validate_hello(hello: Hello, *, max_capacity: int = MAX_CAPACITY) -> None:
 
 _EXPECT: dict[str, tuple[type, ...]] = {
     "await_hello": (Hello,),
-    "await_welcome": (Welcome, Reject),
+    "await_welcome": (Welcome, Refused),
     "await_ready": (Ready,),
 }
 _MAY_SEND: dict[str, tuple[type, ...]] = {
     "send_hello": (Hello,),
-    "send_welcome": (Welcome, Reject),
+    "send_welcome": (Welcome, Refused),
     "send_ready": (Ready,),
-    "await_ready": (Reject,),
+    "await_ready": (Refused,),
     "await_welcome": (),
 }
-_AFTER_SEND = {Hello: "await_welcome", Welcome: "await_ready", Ready: "done", Reject: "failed"}
-_AFTER_RECV = {Hello: "send_welcome", Welcome: "send_ready", Ready: "done", Reject: "failed"}
+_AFTER_SEND = {Hello: "await_welcome", Welcome: "await_ready", Ready: "done", Refused: "failed"}
+_AFTER_RECV = {Hello: "send_welcome", Welcome: "send_ready", Ready: "done", Refused: "failed"}
 
 
 class Handshake:
@@ -286,7 +298,7 @@ class Handshake:
                         f"unexpected {type(msg).__name__} in handshake state {self.state!r}"
                     )
                 self.state = _AFTER_RECV[type(msg)]
-                if isinstance(msg, Reject):
+                if isinstance(msg, Refused):
                     raise HandshakeError(f"the peer refused the connection: {msg.reason}")
                 return msg
         if self._eof:

@@ -94,7 +94,7 @@ class CudaRef(msgspec.Struct, array_like=True, frozen=True):
     the device (it names the pool); ``device_uuid`` (16 bytes) says which device that
     is, so that a consumer with other device numbers (``CUDA_VISIBLE_DEVICES``) finds
     its own.  ``lease`` (8 bytes) names the export's lease, which a consumer in another
-    process holds while it maps the pool (see ``ringwire._shm.cudablocks``).
+    process holds while it maps the pool (see ``ringwire._pool.cudablocks``).
 
     Fields are only ever appended, with defaults: ``pool_handle`` came as the twelfth,
     ``device_uuid`` and ``lease`` as the thirteenth and fourteenth; a shorter form

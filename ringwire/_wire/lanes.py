@@ -35,7 +35,6 @@ from .ring import RingWriter as PureRingWriter
 __all__ = [
     "NATIVE",
     "REASON",
-    "RING_READERS",
     "NativeReleaseLaneWriter",
     "NativeRingReader",
     "NativeRingWriter",
@@ -110,6 +109,7 @@ else:
         """The reading end of one ring lane, in C (see ``_cring.c``)."""
 
         __slots__ = ("_q", "header", "_data", "_d32")
+        read_many_on_error = True  # read_many takes on_error (FrameReader)
 
         def __init__(self, buf: Any, offset: int = 0) -> None:
             super().__init__(buf, offset)
@@ -161,11 +161,6 @@ else:
     REASON = _BUILT
 NATIVE: bool = not REASON
 """Is the C fast path active?  (``ringwire.native``.)"""
-
-RING_READERS: tuple[type, ...] = (PureRingReader,) + (
-    (NativeRingReader,) if NativeRingReader is not None else ()
-)
-"""Both ring reader classes (whose ``read_many`` takes ``on_error``)."""
 
 RingWriter: Any = NativeRingWriter if NATIVE else PureRingWriter
 RingReader: Any = NativeRingReader if NATIVE else PureRingReader

@@ -3,7 +3,7 @@
 At most 31 characters (the macOS limit), unguessable (48 random bits from
 :mod:`secrets`), and carrying the creator's pid, so a sweep can remove the names of
 creators that are gone and a listener can refuse segments a client did not make.
-Pure string arithmetic: the segments themselves are in :mod:`ringwire._shm.segment`.
+Pure string arithmetic: the segments themselves are in :mod:`ringwire._pool.segment`.
 """
 
 from __future__ import annotations

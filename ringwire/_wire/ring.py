@@ -551,6 +551,7 @@ class RingReader(_Lane):
     # check can test ``head != tail_seen or header[TAIL] != head`` without a call
     # (that is :meth:`available`).
     _OWN_PARKED, _PEER_PARKED, _OWN_CLOSED = _RPARKED, _WPARKED, _RCLOSED
+    read_many_on_error = True  # read_many takes on_error (FrameReader)
 
     def __init__(self, buf: Any, offset: int = 0) -> None:
         super().__init__(buf, offset)

@@ -362,7 +362,7 @@ SHM_FULL_SCRIPT = textwrap.dedent(
     import numpy as np
     import ringwire
     from ringwire import SharedMemoryFull, SlotClass, SlotConfig
-    from ringwire._shm.segment import Segment
+    from ringwire._pool.segment import Segment
     from chaos.workers import CHAOS_SLOTS, check_record, make_record
 
     SHM = "/dev/shm"
@@ -542,7 +542,7 @@ def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path
     code = textwrap.dedent(
         f"""
         import os, socket
-        from ringwire._shm.segment import Segment
+        from ringwire._pool.segment import Segment
         seg = Segment.create(8192)  # never announced, never unlinked
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect({path!r})

@@ -27,7 +27,7 @@ from support.access import NOBODY, mode_of, root_only
 from ringwire._conn.connect import connect, connect_sync
 from ringwire._conn.listener import listen
 from ringwire._errors import SegmentError
-from ringwire._shm.segment import SHM_DIR, Segment
+from ringwire._pool.segment import SHM_DIR, Segment
 
 pytestmark = pytest.mark.multiprocess  # every test here starts a process
 

@@ -26,7 +26,7 @@ from support.spawn import SPAWN, spawned
 from ringwire._conn.connect import connect, connect_sync
 from ringwire._conn.listener import listen
 from ringwire._conn.pair import PairEnd, pair
-from ringwire._shm.segment import Segment
+from ringwire._pool.segment import Segment
 
 from anyio import (  # isort: skip
     BrokenResourceError,

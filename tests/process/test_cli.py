@@ -17,7 +17,7 @@ import pytest
 
 import ringwire
 from ringwire import _cli
-from ringwire._shm.segment import SHM_DIR, Segment, stale_segments, unlink_segment
+from ringwire._pool.segment import SHM_DIR, Segment, stale_segments, unlink_segment
 from ringwire._wire.ring import frame_size
 
 pytestmark = pytest.mark.multiprocess  # every test here starts a process

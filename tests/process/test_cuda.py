@@ -32,7 +32,7 @@ from support.spawn import SPAWN, spawned
 
 from ringwire._conn.pair import PairEnd, pair
 from ringwire._errors import DecodeError
-from ringwire._shm.cuda import drop_idle_pools, set_cuda_backend
+from ringwire._pool.cuda import drop_idle_pools, set_cuda_backend
 
 from anyio import BrokenResourceError  # isort: skip
 

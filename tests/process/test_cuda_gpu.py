@@ -30,8 +30,8 @@ import torch
 
 from ringwire._conn.pair import PairEnd, pair
 from ringwire._errors import DecodeError
-from ringwire._shm.cuda import drop_idle_pools, lingering_pools
-from ringwire._shm.slotconfig import SlotConfig
+from ringwire._pool.cuda import drop_idle_pools, lingering_pools
+from ringwire._pool.slotconfig import SlotConfig
 from ringwire._wire.slotlayout import SlotClass
 
 pytestmark = [

@@ -47,7 +47,7 @@ def topology(*workers: runtime.Worker, **kw: Any) -> runtime.Topology:
 
 
 def alive(pid: int) -> bool:
-    return ringwire._shm.segment.pid_alive(pid)
+    return ringwire._pool.segment.pid_alive(pid)
 
 
 async def next_event(events: Any, kind: type, timeout: float = 5.0) -> Any:

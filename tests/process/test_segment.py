@@ -10,7 +10,7 @@ import time
 import posix_ipc
 import pytest
 
-from ringwire._shm.segment import SHM_DIR, pid_alive, sweep, unlink_segment
+from ringwire._pool.segment import SHM_DIR, pid_alive, sweep, unlink_segment
 
 pytestmark = pytest.mark.multiprocess  # every test here starts a process
 

@@ -16,7 +16,7 @@ import pytest
 from support.spawn import SPAWN, spawned
 
 from ringwire._conn.pair import PairEnd, pair
-from ringwire._shm.slotconfig import SlotConfig
+from ringwire._pool.slotconfig import SlotConfig
 from ringwire._wire.slotlayout import SlotClass
 
 from anyio import BrokenResourceError  # isort: skip

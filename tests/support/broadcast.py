@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ringwire
-from ringwire._shm.slotconfig import SlotConfig
+from ringwire._pool.slotconfig import SlotConfig
 from ringwire._wire.slotlayout import SlotClass
 
 SLOTS = SlotConfig(classes=(SlotClass(64 * 1024, 6),), threshold=4096, wait_timeout=None)

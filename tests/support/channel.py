@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from ringwire._shm.segment import SHM_DIR
-from ringwire._shm.slotconfig import SlotConfig
+from ringwire._pool.segment import SHM_DIR
+from ringwire._pool.slotconfig import SlotConfig
 from ringwire._wire.record import Record
 from ringwire._wire.slotlayout import SlotClass
 
@@ -23,7 +23,7 @@ def small_slot_pools(monkeypatch: pytest.MonkeyPatch) -> None:
     tests make hundreds of connections (tests/unit/test_slots.py covers slots, and the
     default pool).  Spawned children keep the real default."""
     monkeypatch.setattr(
-        "ringwire._shm.slotconfig.default_slots", SlotConfig(classes=(SlotClass(64 * 1024, 4),))
+        "ringwire._pool.slotconfig.default_slots", SlotConfig(classes=(SlotClass(64 * 1024, 4),))
     )
 
 

@@ -11,12 +11,12 @@ from typing import Any
 import anyio
 import pytest
 
-from ringwire._shm.cuda import (
+from ringwire._pool.cuda import (
     drop_idle_pools,
     lingering_pools,
     set_cuda_backend,
 )
-from ringwire._shm.slotconfig import SlotConfig
+from ringwire._pool.slotconfig import SlotConfig
 from ringwire._wire.slotlayout import SlotClass
 from support.cuda_fake import FakeCudaBackend, install
 

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ringwire._shm.cuda import set_cuda_backend
+from ringwire._pool.cuda import set_cuda_backend
 
 _COUNTERS = 1 << 12  # counters per backend (int64 each)
 _EVENTS = 1 << 16  # events per backend (one alive byte each); never reused

@@ -20,7 +20,7 @@ from ringwire._conn.async_channel import Channel
 from ringwire._conn.connect import connect, connect_sync
 from ringwire._conn.endpoint import DEFAULT_SPIN_US, Endpoint
 from ringwire._conn.sync_channel import SyncChannel
-from ringwire._shm.slotconfig import DEFAULT_SLOTS, resolve_config
+from ringwire._pool.slotconfig import DEFAULT_SLOTS, resolve_config
 
 zmq = pytest.importorskip("zmq")
 

@@ -11,7 +11,7 @@ import anyio
 from ringwire._conn.async_channel import Channel
 from ringwire._conn.pair import pair
 from ringwire._conn.sync_channel import SyncChannel
-from ringwire._shm.slotconfig import SlotConfig
+from ringwire._pool.slotconfig import SlotConfig
 from ringwire._wire.slotlayout import SlotClass
 
 KiB, MiB = 1 << 10, 1 << 20

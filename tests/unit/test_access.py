@@ -38,8 +38,8 @@ from ringwire._conn.connect import connect, connect_sync
 from ringwire._conn.listener import SyncListener, listen
 from ringwire._conn.pair import pair
 from ringwire._errors import SegmentError
-from ringwire._shm.segment import SHM_DIR, Segment
-from ringwire._shm.slotconfig import SlotConfig, create_pool
+from ringwire._pool.segment import SHM_DIR, Segment
+from ringwire._pool.slotconfig import SlotConfig, create_pool
 from ringwire._shm.sockets import bind_unix_socket
 from ringwire._wire.names import is_segment_name, new_segment_name
 from ringwire._wire.slotlayout import SlotClass, init_pool, pool_size
@@ -74,7 +74,7 @@ def test_segments_are_0600_whatever_the_umask(mask: int, monkeypatch: pytest.Mon
             created.append((name, stat.S_IMODE(st.st_mode), st.st_uid))
         return shm
 
-    monkeypatch.setattr("ringwire._shm.segment.posix_ipc.SharedMemory", spy)
+    monkeypatch.setattr("ringwire._pool.segment.posix_ipc.SharedMemory", spy)
     with umask(mask):
         seg = Segment.create(4096)
         pseg, _ = create_pool(POOL)

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from ringwire._errors import FrameTooLarge, HandshakeError, RingCorrupted
 from ringwire._wire.broadcast_control import (
+    BROADCAST_VERSIONS,
     Join,
     Joined,
     MessageReader,
     Refused,
     Started,
-    choose_broadcast_version,
     encode_broadcast_message,
     validate_join,
     validate_joined,
@@ -32,7 +32,7 @@ from ringwire._wire.broadcast_ring import (
     read_broadcast_header,
     table_offset,
 )
-from ringwire._wire.control import SegmentSpec
+from ringwire._wire.control import SegmentSpec, choose_version
 from ringwire._wire.ring import HEADER_SIZE, RingReader, max_payload
 
 CAP = 1024
@@ -386,8 +386,8 @@ def test_bad_messages_are_handshake_errors():
     with pytest.raises(HandshakeError, match="bytes"):
         r.next()
     with pytest.raises(HandshakeError, match="version"):
-        choose_broadcast_version([7])
-    assert choose_broadcast_version([1, 7]) == 1
+        choose_version([7], BROADCAST_VERSIONS, "broadcast protocol")
+    assert choose_version([1, 7], BROADCAST_VERSIONS, "broadcast protocol") == 1
     with pytest.raises(HandshakeError, match="magic"):
         validate_join(Join(magic="x", versions=[1], pid=1), 4)
     with pytest.raises(HandshakeError, match="rank"):

@@ -39,7 +39,7 @@ from ringwire._errors import (
     RingCorrupted,
     SharedMemoryFull,
 )
-from ringwire._shm.segment import SHM_DIR, Segment
+from ringwire._pool.segment import SHM_DIR, Segment
 from ringwire._wire.control import Hello, RingSpec, SegmentSpec, encode_message
 from ringwire._wire.ring import init_ring, ring_size
 
@@ -726,7 +726,7 @@ async def test_listener_survives_bad_clients(tmp_path):
         )
         s = await raw(encode_message(bad_version), close=False)
         await anyio.sleep(0.05)
-        assert b"version" in s.recv(1000)  # a Reject with a reason
+        assert b"version" in s.recv(1000)  # a Refused with a reason
         s.close()
         with pytest.raises(HandshakeError, match="limit"):
             await connect(path, capacity=1 << 17)  # over the listener's max

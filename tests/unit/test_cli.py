@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ringwire import _cli
-from ringwire._shm.segment import Segment
+from ringwire._pool.segment import Segment
 
 # -- pieces, in process --------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from ringwire._wire.control import (
     Handshake,
     Hello,
     Ready,
-    Reject,
+    Refused,
     RingSpec,
     SegmentSpec,
     Welcome,
@@ -55,7 +55,7 @@ def exchange(client: Handshake, server: Handshake, data: bytes):
 
 
 def test_message_roundtrip():
-    for msg in (hello(), Welcome(version=1, pid=5), Ready(), Reject("no")):
+    for msg in (hello(), Welcome(version=1, pid=5), Ready(), Refused("no")):
         frame = encode_message(msg)
         (n,) = struct.unpack(">I", frame[:4])
         assert n == len(frame) - 4
@@ -192,7 +192,7 @@ def test_reject_reaches_client():
     client, server = Handshake("client"), Handshake("server")
     server.receive_data(client.send(hello()))
     server.next_message()
-    client.receive_data(server.send(Reject("bad version")))
+    client.receive_data(server.send(Refused("bad version")))
     with pytest.raises(HandshakeError, match="refused.*bad version"):
         client.next_message()
     assert client.state == server.state == "failed"
@@ -203,7 +203,7 @@ def test_server_may_reject_after_welcome():
     server.receive_data(client.send(hello()))
     server.next_message()
     server.send(Welcome(version=1, pid=1))
-    server.send(Reject("changed my mind"))
+    server.send(Refused("changed my mind"))
     assert server.state == "failed"
 
 

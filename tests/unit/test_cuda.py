@@ -34,8 +34,8 @@ from support.cuda_fake import FakeCudaBackend, default_uuid
 from support.slots import apair, spair
 
 from ringwire._errors import DecodeError, SlotMisuse, SlotsExhausted
-from ringwire._shm import cudablocks
-from ringwire._shm.cuda import (
+from ringwire._pool import cudablocks
+from ringwire._pool.cuda import (
     CudaNeed,
     cuda_backend,
     cuda_pool_id,
@@ -45,9 +45,9 @@ from ringwire._shm.cuda import (
     set_cuda_backend,
     split_tag,
 )
-from ringwire._shm.cudablocks import Lease, take_lease
-from ringwire._shm.slotconfig import SlotConfig
-from ringwire._shm.views import release
+from ringwire._pool.cudablocks import Lease, take_lease
+from ringwire._pool.slotconfig import SlotConfig
+from ringwire._pool.views import release
 from ringwire._wire.descriptors import CudaRef
 from ringwire._wire.slotlayout import SlotClass
 

@@ -10,8 +10,8 @@ from chaos.workers import CHAOS_SLOTS
 def test_client_unlinks_the_servers_pool_name_once_attached() -> None:
     """A server killed after its Welcome but before it read Ready cannot unlink its pool
     name: the client removes it as soon as it has attached the pool."""
+    from ringwire._pool.slotconfig import create_pool
     from ringwire._shm.handshake import client_handshake
-    from ringwire._shm.slotconfig import create_pool
     from ringwire._wire.control import PROTOCOL_VERSION, SegmentSpec, Welcome, encode_message
 
     pseg, _ = create_pool(CHAOS_SLOTS)  # "the server's" pool

@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 
 from ringwire import HandshakeError, SlotConfig
-from ringwire._shm import segment
+from ringwire._pool import segment
 from ringwire._shm.handshake import client_handshake, drive_sync
 from ringwire._shm.sockets import hung_up
 

@@ -36,13 +36,13 @@ from ringwire._conn.connect import connect, connect_sync
 from ringwire._conn.listener import Listener, SyncListener, listen
 from ringwire._conn.pair import pair
 from ringwire._errors import HandshakeError, ProtocolError, RingCorrupted, SlotRefused
-from ringwire._shm.segment import SHM_DIR, Segment
-from ringwire._shm.slotconfig import SlotConfig
+from ringwire._pool.segment import SHM_DIR, Segment
+from ringwire._pool.slotconfig import SlotConfig
 from ringwire._shm.sockets import bind_unix_socket
 from ringwire._wire.control import (
     MAX_MESSAGE,
     Hello,
-    Reject,
+    Refused,
     RingSpec,
     SegmentSpec,
     Welcome,
@@ -435,7 +435,7 @@ async def test_forged_cuda_reference_drops_only_that_connection(
     import torch
     from support.cuda_fake import install
 
-    from ringwire._shm.cuda import cuda_pool_id, drop_idle_pools, set_cuda_backend
+    from ringwire._pool.cuda import cuda_pool_id, drop_idle_pools, set_cuda_backend
 
     gpu = SlotConfig(
         classes=(SlotClass(64 * KiB, 4),),
@@ -763,7 +763,7 @@ async def test_hostile_handshakes_are_refused_and_the_listener_keeps_working(
         await good.aclose()
         st = lst.statistics()
         assert st.refused == len(HANDSHAKES) and st.accepted == 2, st
-    # every refusal was logged with a reason; Hellos that parse got a Reject saying why
+    # every refusal was logged with a reason; Hellos that parse got a Refused saying why
     refusals = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
     assert len(refusals) == len(HANDSHAKES), refusals
     assert b"between 1 and 16 segments" in replies["17 segments"]
@@ -815,7 +815,7 @@ HOSTILE_SERVERS = {
         Welcome(version=1, pid=1, segments=[SegmentSpec("/rw.1.00000000abcd", 1 << 20, "slots")])
     ),
     "a welcome naming a pool that is not a pool": "fake pool",
-    "a reject": encode_message(Reject("go away")),
+    "a reject": encode_message(Refused("go away")),
     "a hello instead of a welcome": encode_message(_hello()),
     "silence, then hang up": b"",
 }

@@ -1,6 +1,7 @@
-"""The package's layers, checked on its source: imports point one way (down), the wire
-format touches no OS interface, no module imports another module's private names, and
-no module is too long to read in a sitting."""
+"""The package's layers, checked on its source: imports point one way (down), the two
+transports never import each other, no module imports itself through others (no
+import circles), the wire format touches no OS interface, no module imports another
+module's private names, and no module is too long to read in a sitting."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ PKG = ROOT / "ringwire"
 # what each layer may import from ringwire (beyond itself and ringwire._errors)
 ALLOWED = {
     "_wire": set(),
-    "_shm": {"_wire"},
-    "_net": {"_wire", "_shm"},  # the TCP transport, beside _shm
-    "_conn": {"_wire", "_shm", "_net"},
+    "_pool": {"_wire"},  # what every transport's tensor pools share
+    "_shm": {"_wire", "_pool"},  # the shared-memory transport...
+    "_net": {"_wire", "_pool"},  # ...and the TCP one beside it: neither imports the other
+    "_conn": {"_wire", "_pool", "_shm", "_net"},
 }
 OS_MODULES = {"socket", "select", "mmap", "posix_ipc", "selectors", "asyncio", "anyio"}
 MAX_LINES = 800
@@ -101,3 +103,68 @@ def test_every_module_fits_a_sitting() -> None:
     for path in modules():
         n = len(path.read_text().splitlines())
         assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines"
+
+
+def module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("").parts
+    if rel[0] == "runtime":
+        rel = ("ringwire", *rel)  # it installs as ringwire.runtime
+    return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every ringwire module -> the ringwire modules it imports.
+
+    Counted: every ``import`` and ``from ... import`` anywhere in the file -- at module
+    level, inside functions (an import deferred to call time is still a dependency, and
+    the usual hiding place of a circle) and under ``if TYPE_CHECKING:`` (the reader and
+    the type checker follow it).  ``from package import name`` depends on the submodule
+    ``package.name`` where that is a module, else on the package.  Not counted: the
+    implicit import of a module's parent packages (Python runs a package's
+    ``__init__`` before any of its modules, so that is no edge of a circle)."""
+    names = {module_name(p): p for p in modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges = graph[name] = set()
+        for mod, imported_names in imported(path):
+            if mod.split(".")[0] == "ringwire":
+                subs = [f"{mod}.{n}" for n in imported_names if f"{mod}.{n}" in names]
+                if subs and len(subs) == len(imported_names):
+                    edges.update(subs)
+                elif mod in names:
+                    edges.add(mod)
+                    edges.update(subs)
+        edges.discard(name)
+    return graph
+
+
+def test_import_graph_resolves_submodules_and_hidden_imports() -> None:
+    graph = import_graph()
+    assert "ringwire._wire.ext" in graph["ringwire._wire.codec"]  # from . import ext as X
+    assert "ringwire._wire.codec" not in graph["ringwire._wire.ext"]
+    assert "ringwire._net.handshake" in graph["ringwire._conn.netconn"]  # inside a function
+    assert "ringwire.runtime" in graph and "ringwire" in graph
+
+
+def test_no_import_circles() -> None:
+    """No ringwire module imports itself through others (see :func:`import_graph`)."""
+    graph = import_graph()
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)

@@ -38,17 +38,17 @@ import ringwire
 zmq = pytest.importorskip("zmq")
 
 from ringwire._net import handshake as hs  # noqa: E402
-from ringwire._net.messages import (  # noqa: E402
+from ringwire._wire import ext as X  # noqa: E402
+from ringwire._wire.control import PROTOCOL_VERSION  # noqa: E402
+from ringwire._wire.descriptors import NetRef  # noqa: E402
+from ringwire._wire.net_control import (  # noqa: E402
     Hello,
-    Refuse,
+    Refused,
     Welcome,
     decode_rendezvous,
     encode_control,
     encode_rendezvous,
 )
-from ringwire._wire import ext as X  # noqa: E402
-from ringwire._wire.control import PROTOCOL_VERSION  # noqa: E402
-from ringwire._wire.descriptors import NetRef  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 LANE = 4096  # the raw peer's lane: the listener's receiving lane of its connection
@@ -73,7 +73,7 @@ class RawPeer:
         self.session = secrets.token_bytes(16)
         self.welcome: Welcome | None = None
 
-    def hello(self, **kw: Any) -> Welcome | Refuse:
+    def hello(self, **kw: Any) -> Welcome | Refused:
         if self.dealer is None:
             self.dealer = self.ctx.socket(zmq.DEALER)
             self.dealer.setsockopt(zmq.LINGER, 0)
@@ -90,7 +90,7 @@ class RawPeer:
         self.dealer.send(encode_rendezvous(Hello(**args)))
         assert self.dealer.poll(WAIT_MS), "no answer at the rendezvous"
         reply = decode_rendezvous(self.dealer.recv(), "reply")
-        assert isinstance(reply, (Welcome, Refuse))
+        assert isinstance(reply, (Welcome, Refused))
         if isinstance(reply, Welcome):
             self.welcome = reply
         return reply
@@ -527,11 +527,11 @@ async def test_bad_hellos_are_refused_with_the_reason(caplog: Any) -> None:
         out = []
         for kw in ({"version": 999}, {"capacity": 1000}, {"session": b"short"}):
             reply = peer.hello(**kw)
-            assert isinstance(reply, Refuse), reply
+            assert isinstance(reply, Refused), reply
             out.append(reply.reason)
         peer.dealer.send(b"\xc1 not msgpack")
         reply = decode_rendezvous(peer.dealer.recv() if peer.dealer.poll(WAIT_MS) else b"", "r")
-        assert isinstance(reply, Refuse) and "malformed hello" in reply.reason
+        assert isinstance(reply, Refused) and "malformed hello" in reply.reason
         return out
 
     reasons = await run_attack(attack, caplog, refused=4)

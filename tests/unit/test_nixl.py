@@ -25,8 +25,8 @@ torch = pytest.importorskip("torch")
 from support.net import tcp_pair  # noqa: E402
 
 from ringwire._net import nixl  # noqa: E402
-from ringwire._net.handshake import Hello, Welcome  # noqa: E402
 from ringwire._net.nixlpools import manifest, parse_manifest  # noqa: E402
+from ringwire._wire.net_control import Hello, Welcome  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 BIG = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 8),))  # an 8 MiB budget

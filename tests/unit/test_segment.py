@@ -9,8 +9,8 @@ import stat
 import pytest
 
 from ringwire._errors import RingwireError, SegmentError, SharedMemoryFull
-from ringwire._shm import segment as _segment
-from ringwire._shm.segment import SHM_DIR, Segment, sweep, unlink_segment
+from ringwire._pool import segment as _segment
+from ringwire._pool.segment import SHM_DIR, Segment, sweep, unlink_segment
 from ringwire._wire.names import is_segment_name, name_pid, new_segment_name
 
 

@@ -1,4 +1,4 @@
-"""ringwire._shm.slotconfig: creating a slot pool where /dev/shm has no room."""
+"""ringwire._pool.slotconfig: creating a slot pool where /dev/shm has no room."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_a_slot_pool_that_does_not_fit_says_so(monkeypatch: pytest.MonkeyPatch) 
     advise smaller rings)."""
     import errno
 
-    from ringwire._shm.slotconfig import create_pool
+    from ringwire._pool.slotconfig import create_pool
 
     def full(fd: int, off: int, size: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -32,9 +32,9 @@ from ringwire._errors import (
     SlotMisuse,
     SlotsExhausted,
 )
-from ringwire._shm.segment import Segment
-from ringwire._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
-from ringwire._shm.views import borrow, copy_out, release
+from ringwire._pool.segment import Segment
+from ringwire._pool.slotconfig import DEFAULT_SLOTS, SlotConfig
+from ringwire._pool.views import borrow, copy_out, release
 from ringwire._wire import ring as _ringlayout
 from ringwire._wire.control import Hello, RingSpec, SegmentSpec, encode_message
 from ringwire._wire.descriptors import SlotRef
@@ -72,7 +72,7 @@ def in_peer_pool(ch: Channel | SyncChannel, x: Any) -> bool:
 
 
 def in_peer_pool_any(x: Any) -> bool:
-    from ringwire._shm.views import _holder
+    from ringwire._pool.views import _holder
 
     return _holder(x) is not None
 

@@ -17,7 +17,7 @@ written by the consumer and read by the producer.
 
 The producer's side is :mod:`ringwire._shm.sendpool`, the consumer's
 :mod:`ringwire._shm.recvpool`, the helpers users call on received views
-(:func:`release`, :func:`borrow`, :func:`copy_out`) :mod:`ringwire._shm.views`.
+(:func:`release`, :func:`borrow`, :func:`copy_out`) :mod:`ringwire._pool.views`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """GPU pool blocks and their exports: who may still read a block, and when it can be
-reused or freed (Ext 5; the pools themselves are in :mod:`ringwire._shm.cuda`).
+reused or freed (Ext 5; the pools themselves are in :mod:`ringwire._pool.cuda`).
 
 A *block* is the GPU memory of one producer's pool for one device.  Each connection
 that uses it gets an *export* of its own: a fresh ``cudaIpcGetMemHandle`` announcement
@@ -34,8 +34,8 @@ So this module keeps its own account, and releases the counter itself
   checks assume anyway); a consumer that cannot take it refuses the pool with a
   :class:`~ringwire.DecodeError` rather than map memory nobody accounts for.
 * **Who can still open it.**  Nobody, once the consumer is gone: end of file on the
-  control socket (the producer's :meth:`SendPool.reclaim`), or the consumer's closed
-  flag on the release lane (set by :meth:`RecvPool.close`; it still tells after the
+  control socket (the producer's :meth:`ShmSendPool.reclaim`), or the consumer's closed
+  flag on the release lane (set by :meth:`ShmRecvPool.close`; it still tells after the
   producer itself closed).
 * **Retiring.**  When the producer closes the connection, each export is retired:
   if the consumer is gone and nothing maps it, it is *settled* at once -- the counter

@@ -1,4 +1,5 @@
-"""The TCP transport's messages, parsed with no I/O (the socket code is elsewhere).
+"""The TCP transport's messages, parsed with no I/O (the socket code is
+:mod:`ringwire._net`).
 
 Everything here takes bytes a peer sent and returns values or raises -- no socket, no
 state beyond what is passed in -- so the fuzz targets (``fuzz/net_targets.py``) drive
@@ -8,7 +9,7 @@ the very code the connections run:
   connection (the table in :mod:`ringwire._net.transport`); :func:`check_credit` --
   a credit against what was sent.  Each raises :class:`~ringwire.ProtocolError`
   naming what was wrong.
-* the rendezvous messages (:class:`Hello`, :class:`Welcome`, :class:`Refuse`,
+* the rendezvous messages (:class:`Hello`, :class:`Welcome`, :class:`Refused`,
   msgpack) and the attach (``H`` + token + session id, answered by ``K``):
   :func:`decode_rendezvous`, :func:`check_hello`, :func:`check_welcome`,
   :func:`check_attach`, :func:`check_attach_answer`, each raising
@@ -24,13 +25,13 @@ from typing import Any
 import msgspec
 
 from .._errors import HandshakeError, ProtocolError
-from .._wire.control import PROTOCOL_VERSION
+from .control import PROTOCOL_VERSION
 
 __all__ = [
     "MAX_BUDGET",
     "MAX_REASON",
     "Hello",
-    "Refuse",
+    "Refused",
     "Welcome",
     "check_attach",
     "check_attach_answer",
@@ -126,22 +127,25 @@ class Welcome(msgspec.Struct, array_like=True, tag="welcome"):
     nixl: str = ""
 
 
-class Refuse(msgspec.Struct, array_like=True, tag="refuse"):
+class Refused(msgspec.Struct, array_like=True, tag="refuse"):
+    """The listener refuses the connection, and why (its tag on the wire is "refuse";
+    the rendezvous' :class:`~ringwire._wire.control.Refused`)."""
+
     reason: str
 
 
-_decoder = msgspec.msgpack.Decoder(Hello | Welcome | Refuse)
+_decoder = msgspec.msgpack.Decoder(Hello | Welcome | Refused)
 _encoder = msgspec.msgpack.Encoder()
 
 
-def encode_rendezvous(msg: Hello | Welcome | Refuse) -> bytes:
+def encode_rendezvous(msg: Hello | Welcome | Refused) -> bytes:
     return _encoder.encode(msg)
 
 
-def decode_rendezvous(data: bytes, what: str) -> Hello | Welcome | Refuse:
+def decode_rendezvous(data: bytes, what: str) -> Hello | Welcome | Refused:
     """A rendezvous message; :class:`HandshakeError` naming ``what`` if malformed."""
     try:
-        msg: Hello | Welcome | Refuse = _decoder.decode(data)
+        msg: Hello | Welcome | Refused = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise HandshakeError(f"malformed {what}: {exc}") from exc
     return msg
@@ -166,9 +170,9 @@ def check_hello(msg: Any, max_capacity: int) -> Hello:
 
 
 def check_welcome(msg: Any, url: str) -> Welcome:
-    """The listener's answer to our hello, checked: a :class:`Refuse` or anything
+    """The listener's answer to our hello, checked: a :class:`Refused` or anything
     malformed is a :class:`HandshakeError` naming ``url``."""
-    if isinstance(msg, Refuse):
+    if isinstance(msg, Refused):
         raise HandshakeError(f"the listener at {url} refused the connection: {msg.reason}")
     if not isinstance(msg, Welcome) or msg.version != PROTOCOL_VERSION:
         raise HandshakeError(f"the listener at {url} speaks another protocol: {msg!r}")

@@ -8,7 +8,7 @@ this process gave back) and exported (``cudaIpcGetMemHandle``, through torch) on
 connection.  The consumer opens the handle the first time it sees the pool and keeps
 the mapping for the life of the connection -- opening a handle is slow, and a handle
 can be opened only once per process.  How long a block lives, and why it is exported
-again for every connection, is :mod:`ringwire._shm.cudablocks`.
+again for every connection, is :mod:`ringwire._pool.cudablocks`.
 
 The block is its own
 --------------------
@@ -465,7 +465,7 @@ def _uuid_of(backend: Any, device: int) -> bytes:
 
 class CudaSendPool:
     """One device's GPU pool on the producer side.  The owning
-    :class:`~ringwire._shm.sendpool.SendPool` serialises every call under its lock."""
+    :class:`~ringwire._shm.sendpool.ShmSendPool` serialises every call under its lock."""
 
     def __init__(
         self,
@@ -534,7 +534,7 @@ class CudaSendPool:
         return any(status(i) == LOANED for i in range(self.layout.nslots))
 
     def close(self, consumer_gone: bool, lane: Any) -> bool:
-        """The connection is closed: retire its export (:func:`~ringwire._shm.cudablocks.retire`).
+        """The connection is closed: retire its export (:func:`~ringwire._pool.cudablocks.retire`).
         ``consumer_gone``: the consumer can open nothing any more (end of file, or its
         closed flag); otherwise ``lane`` (a reader of the release lane) tells later.
         The block goes to the next connection of this process once nobody maps it,
