@@ -163,7 +163,7 @@ def _child_rw(
     try:
         for name, end, spin in zip(names, ends, spins):
             kw = {} if spin is None else {"spin_us": spin}
-            chans[name] = end.connect_sync(slots=None, timeout=P.SETUP_TIMEOUT_S, **kw)
+            chans[name] = end.connect_sync(slots=None, handshake_timeout=P.SETUP_TIMEOUT_S, **kw)
 
         def serve(cmd: Any) -> dict[str, Any]:  # cmd: (channel, n, mode)
             name, n, mode = cmd
@@ -326,7 +326,7 @@ class RingwirePeer(_Peer):
             for sp, (a, _b) in zip(self.specs, ends):
                 name, slots = sp.name, sp.slots
                 kw = {} if sp.producer_spin_us is None else {"spin_us": sp.producer_spin_us}
-                ch = a.connect_sync(slots=slots, timeout=P.SETUP_TIMEOUT_S, **kw)
+                ch = a.connect_sync(slots=slots, handshake_timeout=P.SETUP_TIMEOUT_S, **kw)
                 self.on_cleanup(ch.close)
                 self.chans[name] = ch
         finally:

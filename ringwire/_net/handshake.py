@@ -153,8 +153,8 @@ def _make_transport(
         send = None
         if slots is not None:
             send = NetSendPool(slots, t.releases, peer_capacity // 2 - 1024)
-        copy = slots.copy_out if slots is not None else False
-        return send, NetRecvPool(t, copy), NetEncoder()
+        # (copy_out is set on the receive pool by whoever makes the endpoint)
+        return send, NetRecvPool(t, False), NetEncoder()
 
     t = NetTransport(
         sock,
@@ -555,9 +555,7 @@ class NetAcceptor:
                 self._hello(rid, msg[1].bytes, user)
             except HandshakeError as exc:
                 refused.append(exc)
-                self.router.send_multipart(
-                    (rid, encode_rendezvous(Refuse(str(exc)))), zmq.NOBLOCK
-                )
+                self.router.send_multipart((rid, encode_rendezvous(Refuse(str(exc)))), zmq.NOBLOCK)
         now = time.monotonic()
         for p in list(self._pending):
             try:

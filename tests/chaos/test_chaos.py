@@ -557,7 +557,7 @@ def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path
         assert os.path.exists("/dev/shm" + name)
         with pytest.raises(TimeoutError):
             sl.accept(timeout=1.0)  # refuses it, sweeps, waits on
-        assert sl.refused == 1
+        assert sl.statistics().refused == 1
         assert not os.path.exists("/dev/shm" + name)
         proc.communicate()
 

@@ -224,7 +224,7 @@ async def _connect(cfg: dict[str, Any]) -> ringwire.Channel:
         capacity=cfg.get("capacity", ringwire.DEFAULT_CAPACITY),
         spin_us=cfg.get("spin_us", 50),
         slots=slots_from(cfg),
-        timeout=10,
+        handshake_timeout=10,
     )
     point("connected")
     return ch
@@ -352,7 +352,7 @@ def role_consumer_sync(cfg: dict[str, Any]) -> None:
         capacity=cfg.get("capacity", ringwire.DEFAULT_CAPACITY),
         spin_us=cfg.get("spin_us", 50),
         slots=slots_from(cfg),
-        timeout=10,
+        handshake_timeout=10,
     )
     point("connected")
     held: deque[Any] = deque()

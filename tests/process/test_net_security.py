@@ -159,7 +159,7 @@ with ringwire.SyncListener(f"tcp://{sys.argv[1]}:0", keys=keys) as lst:
         lst.accept(timeout=5)  # the refused client's refusal is logged meanwhile
     except TimeoutError:
         pass
-    say(refused=lst.refused)
+    say(refused=lst.statistics().refused)
     ch.close()
 """
 

@@ -775,7 +775,7 @@ async def test_listener_refuses_other_uid(tmp_path, monkeypatch):
     path = tmp_path / "u.sock"
     async with listen(path) as lst:
         with pytest.raises(HandshakeError):
-            await connect(path, timeout=2)
+            await connect(path, handshake_timeout=2)
         assert lst.statistics().refused == 1
 
 
@@ -984,7 +984,7 @@ def test_pair_end_misuse():
         c, d = pair()
         d.close()
         try:
-            c.connect_sync(timeout=2)
+            c.connect_sync(handshake_timeout=2)
         finally:
             c.close()
 

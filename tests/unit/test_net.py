@@ -151,9 +151,9 @@ async def test_bad_addresses_name_themselves() -> None:
     with pytest.raises(ValueError, match="port 70000"):
         await ringwire.connect("tcp://127.0.0.1:70000")
     with pytest.raises(OSError, match="does-not-exist.invalid"):
-        await ringwire.connect("tcp://does-not-exist.invalid:5555", timeout=2)
+        await ringwire.connect("tcp://does-not-exist.invalid:5555", handshake_timeout=2)
     with pytest.raises(ConnectionRefusedError, match="tcp://127.0.0.1:1"):
-        await ringwire.connect("tcp://127.0.0.1:1", timeout=5)
+        await ringwire.connect("tcp://127.0.0.1:1", handshake_timeout=5)
     with pytest.raises(ValueError, match="insecure=True"):
         ringwire.listen("tcp://0.0.0.0:0")
     with pytest.raises(ValueError, match="heartbeat"):

@@ -637,7 +637,7 @@ async def test_a_listener_gone_during_the_handshake_is_seen_at_once(when: str) -
             tg.start_soon(anyio.to_thread.run_sync, rendezvous)
             t0 = time.monotonic()
             with pytest.raises(ringwire.HandshakeError, match="went away during the handshake"):
-                await ringwire.connect(f"tcp://127.0.0.1:{port}", timeout=10)
+                await ringwire.connect(f"tcp://127.0.0.1:{port}", handshake_timeout=10)
             assert time.monotonic() - t0 < 2
     finally:
         router.close(0)

@@ -572,9 +572,10 @@ async def test_explicit_release_borrow_and_copy_out():
 
 
 @pytest.mark.anyio
-async def test_copy_out_configuration_on_the_receiving_side():
-    copying = SlotConfig(classes=POOL.classes, threshold=POOL.threshold, copy_out=True)
-    a, b = await apair(POOL, copying)
+async def test_copy_out_is_the_receiving_sides_keyword():
+    # the receiver has no send pool of its own (slots=None): copy_out is its choice
+    # as a receiver all the same
+    a, b = await apair(POOL, None, b_copy_out=True)
     async with a, b:
         await a.send([np.ones(50_000), torch.ones(50_000)])
         x, t = await b.receive()
@@ -889,7 +890,7 @@ def test_handshake_refuses_a_malformed_pool():
         sock_a.setblocking(True)
         sock_a.sendall(encode_message(hello))
         with pytest.raises(Exception, match="malformed slot pool"):
-            b.connect_sync(slots=POOL, timeout=5)
+            b.connect_sync(slots=POOL, handshake_timeout=5)
     finally:
         sock_a.close()
         for seg in (bad, rings):
