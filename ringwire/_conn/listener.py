@@ -877,6 +877,7 @@ class SyncListener(_ListenerBase):
     # -- the fan-in -----------------------------------------------------------------------
 
     def _drop(self, held: _Held, exc: BaseException | None) -> None:
+        """Out of the fan-in (the caller closes it once it gave its turn back)."""
         with self._lock:
             if held in self._conns:
                 self._conns.remove(held)
@@ -892,10 +893,10 @@ class SyncListener(_ListenerBase):
                 str(exc),
             )
             held.core.abort(f"{type(exc).__name__}: {exc}")  # the sender learns why
-        held.chan.close()
 
     def _read(self, held: _Held, max_n: int) -> Any:
-        """As :meth:`Listener._read`, for a connection whose receive turn we hold."""
+        """As :meth:`Listener._read`, for a connection whose receive turn we hold (one
+        it drops is closed by :meth:`_give_back`)."""
         core = held.core
         try:
             if core.closed:
@@ -916,13 +917,23 @@ class SyncListener(_ListenerBase):
 
     def _take_turns(self) -> list[_Held]:
         """The connections whose receive turn is free, taken (in fan-in order, from
-        the round-robin position); the caller gives them back with :func:`_give_back`."""
+        the round-robin position); the caller gives them back with :meth:`_give_back`."""
         with self._lock:
             self._prune()
             conns = self._conns
             n = len(conns)
             order = [conns[(self._rr + i) % n] for i in range(n)]
         return [h for h in order if h.turn.acquire(False)]
+
+    def _give_back(self, turns: list[_Held]) -> None:
+        """Release the receive turns taken; close the connections the fan-in dropped
+        (a close takes the turn itself)."""
+        for held in turns:
+            held.turn.release()
+        with self._lock:
+            dropped = [h for h in turns if h not in self._conns]
+        for held in dropped:
+            held.chan.close()
 
     def _scan(self, max_n: int) -> list[tuple[SyncChannel, Any]]:
         """One round-robin pass: one record of the first connection that has one
@@ -948,7 +959,7 @@ class SyncListener(_ListenerBase):
                     self._advance(turns[-1])
             return out
         finally:
-            _give_back(turns)
+            self._give_back(turns)
 
     def _advance(self, held: _Held) -> None:
         with self._lock:
@@ -987,7 +998,7 @@ class SyncListener(_ListenerBase):
                     if not core.closed:
                         core.unpark_rx()
         finally:
-            _give_back(turns)
+            self._give_back(turns)
 
     def _fan_in(self, max_n: int, timeout: float | None) -> list[tuple[SyncChannel, Any]]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -1090,11 +1101,6 @@ class SyncListener(_ListenerBase):
             f"unclosed ringwire SyncListener at {self.path}", ResourceWarning, stacklevel=1
         )
         self.close()
-
-
-def _give_back(turns: list[_Held]) -> None:
-    for held in turns:
-        held.turn.release()
 
 
 def listen_sync(
