@@ -720,7 +720,8 @@ FULL = Config(
 
 
 def main_pool() -> Any:
-    from ringwire import SlotClass, SlotConfig
+    from ringwire import SlotConfig
+    from ringwire.wire import SlotClass
 
     return SlotConfig(
         classes=(
@@ -743,7 +744,8 @@ IDLE_PAUSE_NS = 1_000_000  # > any default spin budget (50 us): the peer parks
 
 
 def hot_pool() -> Any:
-    from ringwire import SlotClass, SlotConfig
+    from ringwire import SlotConfig
+    from ringwire.wire import SlotClass
 
     return SlotConfig(
         classes=(SlotClass(8 * MiB, 2), SlotClass(64 * MiB, 2), SlotClass(256 * MiB, 2)),
@@ -763,7 +765,8 @@ RR_CASES: tuple[tuple[str, str, int, float | None], ...] = (
 
 
 def one_slot(size: int) -> Any:
-    from ringwire import SlotClass, SlotConfig
+    from ringwire import SlotConfig
+    from ringwire.wire import SlotClass
 
     return SlotConfig(classes=(SlotClass(size, 1),), threshold=min(size, 4 * KiB), policy="wait")
 

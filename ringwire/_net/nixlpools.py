@@ -5,7 +5,7 @@ Sending
 :class:`NixlSendPool` is the ZeroMQ pool (:class:`~ringwire._net.pools.NetSendPool`)
 whose buffers come from the connection's send arena: the same budget, policies,
 loans, releases and receipts.  Once the peer's note said it reads through NIXL, a
-placed array is referenced by an Ext 21 (:class:`~ringwire.NixlRef`) naming an
+placed array is referenced by an Ext 21 (:class:`~ringwire.wire.NixlRef`) naming an
 *entry* of the message's transfer list instead of a frame; the message is
 ``[record, *frames, transfer list, b""]`` -- the empty last frame marks it (a frame
 of an array is never empty on such a connection: an empty one is followed by an

@@ -6,7 +6,7 @@ The endpoint encodes every record with :class:`NetEncoder` and a :class:`NetPlac
 from :meth:`NetSendPool.placement`.  A numpy array or CPU torch tensor of at least
 ``SlotConfig.threshold`` bytes is copied once into a buffer of the pool (a loan is
 used as it is: no copy at all) and referenced from the record by an Ext 20
-(:class:`~ringwire.NetRef`: the frame index, the buffer's tag and generation, shape,
+(:class:`~ringwire.wire.NetRef`: the frame index, the buffer's tag and generation, shape,
 dtype); the encoder returns the record as a :class:`Framed` payload that carries those
 buffers, and the writer sends them as zero-copy ZeroMQ frames after the record in one
 message.  A CUDA tensor is staged through host memory (``.cpu()``) and its device

@@ -10,7 +10,7 @@ allocates.  One pool segment is::
     pool_size(...)      ring_size(RELEASE_CAPACITY)  consumer     release lane (:mod:`.._wire.ring`)
 
 The pool comes first so that the offsets in its slot table, and in every
-:class:`~ringwire.SlotRef`, are offsets into the segment itself.  The release lane is
+:class:`~ringwire.wire.SlotRef`, are offsets into the segment itself.  The release lane is
 an ordinary SPSC ring whose frames are packed ``(slot u64, generation u64)`` pairs,
 written by the consumer and read by the producer.
 

@@ -83,7 +83,7 @@ def _run(tmp_path: Path, backend: str, transport: str, long: bool) -> None:
 
         def counted(pool: Any, *args: Any) -> Any:
             ref = refer(pool, *args)
-            sent[0] += isinstance(ref, ringwire.NixlRef)
+            sent[0] += isinstance(ref, ringwire.wire.NixlRef)
             return ref
 
         with mock.patch.object(nixlpools.NixlSendPool, "_refer", counted):

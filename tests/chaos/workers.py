@@ -36,7 +36,8 @@ import anyio
 import numpy as np
 
 import ringwire
-from ringwire import SlotClass, SlotConfig
+from ringwire import SlotConfig
+from ringwire.wire import SlotClass
 
 KiB = 1 << 10
 

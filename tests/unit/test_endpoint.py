@@ -204,7 +204,7 @@ def test_no_slot_pool_means_no_loans_and_a_clear_error_for_references() -> None:
     a, b = endpoints()
     with pytest.raises(Exception, match="no slot pool"):
         a.require_pool()
-    from ringwire import SlotRef
+    from ringwire.wire import SlotRef
 
     ref = SlotRef(
         version=1,

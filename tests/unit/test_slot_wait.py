@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import ringwire
-from ringwire import SlotClass, SlotConfig, SlotsExhausted
+from ringwire import SlotConfig, SlotsExhausted
+from ringwire.wire import SlotClass
 
 
 def test_the_default_wait_is_finite() -> None:
