@@ -273,6 +273,7 @@ class Listener(_ListenerBase):
             self._drop(conn, None)
 
     def statistics(self) -> ListenerStatistics:
+        """A snapshot of the listener's counters (open, accepted, refused, broken, ended)."""
         self._prune()
         return ListenerStatistics(
             open_connections=len(self._conns),
@@ -435,7 +436,11 @@ class Listener(_ListenerBase):
     # -- accept -----------------------------------------------------------------------------
 
     async def accept(self) -> Channel:
-        """The next new connection (it also takes part in the fan-in :meth:`receive`)."""
+        """The next new connection (it also takes part in the fan-in :meth:`receive`).
+
+        Raises ``RuntimeError`` before the listener is entered, ``ClosedResourceError``
+        once it is closed; failed handshakes are logged and counted
+        (``statistics().refused``), never raised here."""
         if self._sock is None and self._acceptor is None:
             raise RuntimeError("use the Listener as 'async with' before accepting")
         try:
@@ -599,6 +604,9 @@ class Listener(_ListenerBase):
             await anyio.lowlevel.cancel_shielded_checkpoint()
 
     def receive_nowait(self) -> tuple[Channel, Any]:
+        """A record that is already there, as ``(connection, record)``; raises
+        :class:`anyio.WouldBlock` if there is none, ``ClosedResourceError`` once the
+        listener is closed."""
         if self._closed:
             raise ClosedResourceError
         got = self._try_fan_in()
