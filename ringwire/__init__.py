@@ -55,7 +55,8 @@ How the package is built (imports point one way: down)::
         sync_channel.py    SyncChannel: the blocking driver (threads, scripts)
         driving.py         what both drivers share (receipts, the facade)
         options.py         the keywords every connection-making entry point shares
-        listener.py, connect.py, pair.py, netconn.py   how connections are made
+        listener.py, sync_listener.py   Listener / SyncListener: accept, fan-in
+        connect.py, pair.py, netconn.py   how connections are made
         broadcast.py, broadcasting.py, subscriber.py   broadcast 1 -> N (the writer's
                            core, Broadcaster, Subscriber)
         memory.py          an in-memory transport (tests drive the core with it)
@@ -97,12 +98,13 @@ from ._conn.broadcasting import (
 from ._conn.calls import Client, serve
 from ._conn.connect import DEFAULT_CAPACITY, connect, connect_sync
 from ._conn.endpoint import DEFAULT_SPIN_US
-from ._conn.listener import Listener, SyncListener, listen, listen_sync
+from ._conn.listener import Listener, listen
 from ._conn.pair import PairEnd, pair
 from ._conn.statistics import ChannelStatistics, ListenerStatistics
 from ._conn.subscriber import Subscriber, SyncSubscriber, subscribe, subscribe_sync
 from ._conn.sync_calls import SyncClient
 from ._conn.sync_channel import SyncChannel, SyncReceipt
+from ._conn.sync_listener import SyncListener, listen_sync
 from ._errors import (
     DeadlineExceeded,
     DecodeError,

@@ -117,7 +117,7 @@ async def _enter(
     deadline = time.monotonic() + retry_for
     hello = message("join", name=name, pid=os.getpid(), host=socket.gethostname())
     while True:
-        ctrl = await _connect(address, name, deadline, slots=None, timeout=timeout, **net)
+        ctrl = await _connect(address, name, deadline, slots=None, handshake_timeout=timeout, **net)
         try:
             with anyio.fail_after(timeout):
                 await ctrl.send(hello)

@@ -35,8 +35,9 @@ from support.access import NOBODY, mode_of, root_only
 
 import ringwire
 from ringwire._conn.connect import connect, connect_sync
-from ringwire._conn.listener import SyncListener, listen
+from ringwire._conn.listener import listen
 from ringwire._conn.pair import pair
+from ringwire._conn.sync_listener import SyncListener
 from ringwire._errors import SegmentError
 from ringwire._shm.segment import SHM_DIR, Segment
 from ringwire._shm.slotconfig import SlotConfig, create_pool

@@ -27,10 +27,11 @@ from support.slots import POOL
 
 from ringwire._conn.async_channel import Channel
 from ringwire._conn.connect import connect, connect_sync
-from ringwire._conn.listener import SyncListener, listen, listen_sync
+from ringwire._conn.listener import listen
 from ringwire._conn.pair import pair
 from ringwire._conn.statistics import ChannelStatistics
 from ringwire._conn.sync_channel import SyncChannel
+from ringwire._conn.sync_listener import SyncListener, listen_sync
 from ringwire._errors import (
     DecodeError,
     FrameTooLarge,

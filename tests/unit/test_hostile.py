@@ -33,8 +33,9 @@ import pytest
 from ringwire import DecodeError
 from ringwire._conn.async_channel import Channel
 from ringwire._conn.connect import connect, connect_sync
-from ringwire._conn.listener import Listener, SyncListener, listen
+from ringwire._conn.listener import Listener, listen
 from ringwire._conn.pair import pair
+from ringwire._conn.sync_listener import SyncListener
 from ringwire._errors import HandshakeError, ProtocolError, RingCorrupted, SlotRefused
 from ringwire._shm.segment import SHM_DIR, Segment
 from ringwire._shm.slotconfig import SlotConfig

@@ -23,7 +23,13 @@ from ringwire._conn.connect import connect
 from ringwire._conn.listener import listen
 from ringwire._conn.pair import pair
 from ringwire._conn.sync_channel import SyncChannel
-from ringwire._errors import DecodeError, FrameTooLarge, SlotMisuse, SlotsExhausted
+from ringwire._errors import (
+    DecodeError,
+    FrameTooLarge,
+    SlotMisuse,
+    SlotsExhausted,
+    SlotWaitTimeout,
+)
 from ringwire._shm.segment import Segment
 from ringwire._shm.slotconfig import DEFAULT_SLOTS, SlotConfig
 from ringwire._shm.views import borrow, copy_out, release
@@ -705,15 +711,19 @@ async def test_wait_timeout_and_impossible_records():
     cfg = SlotConfig(classes=(SlotClass(64 * KiB, 2),), threshold=1024, wait_timeout=0.05)
     a, b = await apair(cfg, cfg)
     async with a, b:
-        with pytest.raises(SlotsExhausted, match="more slots than the pool has"):
+        with pytest.raises(SlotsExhausted, match="more slots than the pool has") as futile:
             await a.send([np.ones(4000)] * 3)  # never fits, whatever is released
+        assert not isinstance(futile.value, TimeoutError)  # it did not wait
         assert in_use(a) == 0
         await a.send([np.ones(4000)] * 2)
         held = await b.receive()
         t0 = time.perf_counter()
-        with pytest.raises(SlotsExhausted, match="within 0.05 s"):
+        with pytest.raises(SlotWaitTimeout, match="within 0.05 s") as waited:
             await a.send(np.ones(4000))
         assert time.perf_counter() - t0 >= 0.04
+        # a wait that timed out is a TimeoutError, and still a SlotsExhausted
+        assert isinstance(waited.value, TimeoutError)
+        assert isinstance(waited.value, SlotsExhausted)
         del held
 
 
