@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -134,9 +135,13 @@ class SyncListener(ListenerBase):
         self._closed = False
         self._accepted = self._refused = self._broken = self._ended = 0
         self._sock: socket.socket | None = None
-        # rung by close(), and by a connection accepted in another thread, to wake a
-        # fan-in that polls
+        # _kick: rung when a connection joins (from any thread), read by the fan-in
+        # alone (one reader at a time); _closing: rung once by close() and never read,
+        # so every poll after it returns at once.  Both live as long as the listener
+        # (a thread may still be polling them when close() returns).
         self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._closing = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._fin = weakref.finalize(self, _close_fds, self._kick, self._closing)
         try:
             if self.tcp:
                 self._open_acceptor()
@@ -145,8 +150,7 @@ class SyncListener(ListenerBase):
                 sweep()  # names left by dead processes (as Listener)
         except BaseException:
             self._closed = True  # (nothing to close, nothing to warn about)
-            os.close(self._kick)
-            self._kick = -1
+            self._fin()
             raise
 
     def __repr__(self) -> str:
@@ -193,13 +197,12 @@ class SyncListener(ListenerBase):
         if closed:
             chan.close()
             raise ClosedResourceError
-        self._ring()
+        self._ring(self._kick)  # a fan-in that polls reads the newcomer too
         return chan
 
-    def _ring(self) -> None:
+    def _ring(self, fd: int) -> None:
         with contextlib.suppress(OSError):
-            if self._kick >= 0:
-                os.eventfd_write(self._kick, 1)
+            os.eventfd_write(fd, 1)
 
     def _refused_one(self, exc: BaseException) -> None:
         with self._lock:
@@ -255,18 +258,27 @@ class SyncListener(ListenerBase):
             self._accepting.release()
 
     def _listen_fd(self) -> int:
-        if self._acceptor is not None:
-            return int(self._acceptor.fileno())
-        return self._sock.fileno() if self._sock is not None else -1
+        acceptor = self._acceptor
+        if acceptor is not None:
+            return -1 if acceptor.closed else int(acceptor.fileno())
+        sock = self._sock
+        return sock.fileno() if sock is not None else -1
 
-    def _poll_until(self, fds: list[int], until: float | None) -> None:
-        """Wait until one of ``fds``, the listening socket or the kick descriptor is
-        readable, or ``until`` (or the TCP acceptor's next handshake deadline)."""
+    def _poll_until(self, fds: list[int], until: float | None, *, fan_in: bool) -> None:
+        """Wait until one of ``fds``, the listening socket, the closing descriptor or
+        (``fan_in``) the kick descriptor is readable, or ``until`` (or the TCP
+        acceptor's next handshake deadline)."""
         poller = select.poll()
-        for fd in (*fds, self._listen_fd(), self._kick):
+        for fd in (*fds, self._listen_fd(), self._closing):
             if fd >= 0:
                 poller.register(fd, select.POLLIN)
-        limits = [x for x in (until, self._acceptor and self._acceptor.next_deadline()) if x]
+        if fan_in:
+            poller.register(self._kick, select.POLLIN)
+        acceptor = self._acceptor
+        hs_until = (
+            acceptor.next_deadline() if acceptor is not None and not acceptor.closed else None
+        )
+        limits = [x for x in (until, hs_until) if x is not None]
         ms = -1 if not limits else max(0, math.ceil((min(limits) - time.monotonic()) * 1000))
         for fd, _ in poller.poll(ms):
             if fd == self._kick:
@@ -298,7 +310,7 @@ class SyncListener(ListenerBase):
                         left = None if deadline is None else deadline - time.monotonic()
                         self._arrived.wait(0.05 if left is None else min(left, 0.05))
                 continue
-            self._poll_until([], deadline)
+            self._poll_until([], deadline, fan_in=False)
 
     # -- the fan-in -----------------------------------------------------------------------
 
@@ -415,7 +427,7 @@ class SyncListener(ListenerBase):
                 for core in cores:
                     core.recv_parks += 1
                 fds = [core.transport.fileno() for core in cores]
-                self._poll_until(fds, until)
+                self._poll_until(fds, until, fan_in=True)
                 for held in turns:
                     if not held.core.closed:
                         held.chan.poll_peer()  # consume its doorbells, notice its hang-up
@@ -473,7 +485,6 @@ class SyncListener(ListenerBase):
         listener is closed."""
         if self._closed:
             raise ClosedResourceError
-        self._accept_ready()
         got = self._scan(0)
         if not got:
             raise WouldBlock
@@ -500,19 +511,16 @@ class SyncListener(ListenerBase):
             conns, self._conns = self._conns, []
             self._new.clear()
             self._arrived.notify_all()
-        self._ring()  # a fan-in that polls wakes up and sees the end
+        self._ring(self._closing)  # every thread that polls wakes up and sees the end
         for held in conns:
             held.chan.close()
-        with self._accepting:  # (a handshake in progress finishes, then is refused)
-            if self._acceptor is not None:
+        if self._sock is not None:
+            # (a handshake in progress in another thread finishes, then is closed)
+            sock, self._sock = self._sock, None
+            self._remove_socket(sock)
+        if self._acceptor is not None:
+            with self._accepting:  # (the acceptor is stepped under this lock)
                 self._acceptor.close()
-            if self._sock is not None:
-                sock, self._sock = self._sock, None
-                self._remove_socket(sock)
-        with self._reading:
-            if self._kick >= 0:
-                os.close(self._kick)
-                self._kick = -1
 
     def __enter__(self) -> SyncListener:
         return self
@@ -527,6 +535,12 @@ class SyncListener(ListenerBase):
             f"unclosed ringwire SyncListener at {self.path}", ResourceWarning, stacklevel=1
         )
         self.close()
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def listen_sync(

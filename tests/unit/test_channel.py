@@ -1118,6 +1118,36 @@ def test_sync_listener_fan_in_drops_a_dead_peer_and_wakes_on_close(tmp_path):
         survivor.close()
 
 
+@BOTH
+def test_sync_listener_close_wakes_accept_and_the_fan_in(kind, tmp_path):
+    """Threads blocked with no timeout in accept() and in the fan-in both wake when
+    another thread closes the listener (a closed socket alone wakes no poll())."""
+    path = "tcp://127.0.0.1:0" if kind == "tcp" else tmp_path / "w.sock"
+    lst = listen_sync(path)
+    ended: list[str] = []
+
+    def wait(name: str, fn: Any) -> None:
+        try:
+            fn()
+        except ClosedResourceError:
+            ended.append(name)
+
+    threads = [
+        threading.Thread(target=wait, args=("accept", lst.accept)),
+        threading.Thread(target=wait, args=("receive", lst.receive)),
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # both wait in poll()
+    assert not ended
+    lst.close()
+    for t in threads:
+        t.join(5)
+    assert sorted(ended) == ["accept", "receive"]
+    if kind == "shm":
+        assert not os.path.exists(path)
+
+
 @pytest.mark.anyio
 async def test_listener_close_is_synchronous(tmp_path):
     path = tmp_path / "c.sock"
