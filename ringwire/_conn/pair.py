@@ -204,6 +204,9 @@ def pair(*, capacity: int = DEFAULT_CAPACITY) -> tuple[PairEnd, PairEnd]:
 
     The first end creates the rings (its process must be able to reserve ``2 x
     capacity`` bytes of ``/dev/shm``); both ends must connect for either to finish.
+    Each end's connect takes the keywords of :func:`connect` (``copy_out`` too: each
+    end chooses for itself).  Raises ``ValueError`` for a ``capacity`` that is not a
+    power of two in range, ``OSError`` if no socket pair can be made.
     """
     validate_capacity(capacity)
     s1, s2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
