@@ -361,7 +361,8 @@ SHM_FULL_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import numpy as np
     import ringwire
-    from ringwire import SharedMemoryFull, SlotClass, SlotConfig
+    from ringwire import SharedMemoryFull, SlotConfig
+    from ringwire.wire import SlotClass
     from ringwire._shm.segment import Segment
     from chaos.workers import CHAOS_SLOTS, check_record, make_record
 
@@ -373,13 +374,13 @@ SHM_FULL_SCRIPT = textwrap.dedent(
         out, err = [], []
         def other():
             try:
-                out.append(b.connect_sync(slots=slots_b, timeout=10))
+                out.append(b.connect_sync(slots=slots_b, handshake_timeout=10))
             except BaseException as exc:
                 err.append(exc)
         t = threading.Thread(target=other)
         t.start()
         try:
-            ca = a.connect_sync(slots=slots_a, timeout=10)
+            ca = a.connect_sync(slots=slots_a, handshake_timeout=10)
         except BaseException:
             t.join()
             raise
@@ -454,7 +455,7 @@ SHM_FULL_SCRIPT = textwrap.dedent(
         errors = []
         def dial():
             try:
-                ringwire.connect_sync(path, slots=None, capacity=1 << 14, timeout=5).close()
+                ringwire.connect_sync(path, slots=None, capacity=1 << 14, handshake_timeout=5).close()
             except ringwire.HandshakeError as exc:
                 errors.append(str(exc))
         t = threading.Thread(target=dial)

@@ -75,7 +75,7 @@ url, secret, server = sys.argv[1:4]
 keys = ringwire.ClientKeys(secret=secret, server=server)
 t0 = time.monotonic()
 try:
-    ch = ringwire.connect_sync(url, keys=keys, timeout=30)
+    ch = ringwire.connect_sync(url, keys=keys, handshake_timeout=30)
 except ringwire.PeerCredentialsError as exc:
     print(json.dumps({"refused": str(exc), "after": time.monotonic() - t0}), flush=True)
     raise SystemExit(0)
