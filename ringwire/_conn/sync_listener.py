@@ -209,10 +209,12 @@ class SyncListener(ListenerBase):
             self._refused += getattr(exc, "count", 1)  # (one standing for a flood of them)
         self._log_refusal(exc)
 
-    def _accept_ready(self) -> bool:
+    def _accept_ready(self, *, for_accept: bool = False) -> bool:
         """Accept what is waiting at the socket now, without waiting for a client:
         ``True`` if a connection was added.  A Unix client's handshake runs here (at
-        most ``handshake_timeout``); a refused one is logged and counted."""
+        most ``handshake_timeout``); a refused one is logged and counted.  A fan-in
+        that polls meanwhile leaves the listening socket to us, so ``for_accept``
+        rings it when we are done (it takes what is still waiting there)."""
         if not self._accepting.acquire(False):
             return False  # another thread accepts
         try:
@@ -256,6 +258,8 @@ class SyncListener(ListenerBase):
             return True
         finally:
             self._accepting.release()
+            if for_accept:
+                self._ring(self._kick)
 
     def _listen_fd(self) -> int:
         acceptor = self._acceptor
@@ -269,7 +273,11 @@ class SyncListener(ListenerBase):
         (``fan_in``) the kick descriptor is readable, or ``until`` (or the TCP
         acceptor's next handshake deadline)."""
         poller = select.poll()
-        for fd in (*fds, self._listen_fd(), self._closing):
+        # (while another thread accepts, the fan-in leaves the socket to it: polling a
+        # connection that thread is about to take would return at once, again and
+        # again; that thread rings the kick when it is done)
+        listen = -1 if fan_in and self._accepting.locked() else self._listen_fd()
+        for fd in (*fds, listen, self._closing):
             if fd >= 0:
                 poller.register(fd, select.POLLIN)
         if fan_in:
@@ -299,7 +307,7 @@ class SyncListener(ListenerBase):
                     raise ClosedResourceError
                 if self._new:
                     return self._new.popleft()
-            if self._accept_ready():
+            if self._accept_ready(for_accept=True):
                 continue
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"no connection at {self.path} within {timeout:g} s")
