@@ -1105,7 +1105,9 @@ def test_sync_listener_fan_in_drops_a_dead_peer_and_wakes_on_close(tmp_path):
         deadline = time.monotonic() + 5
         while lst.statistics().broken == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert lst.statistics().broken == 1 and lst.connections == [conns[1]]
+        assert lst.statistics().broken == 1 and len(lst.connections) == 1
+        # (the clients' threads finished in either order: which accepted end is whose?)
+        assert lst.connections == [c for c in conns if not c.closed]
         survivor.send("still here", timeout=5)
         deadline = time.monotonic() + 5
         while not got and time.monotonic() < deadline:
