@@ -176,10 +176,15 @@ class SyncListener(ListenerBase):
             )
 
     def _prune(self) -> None:
-        # (under _lock) connections their user closed leave the fan-in here too
-        for held in [h for h in self._conns if h.core.closed]:
+        # (under _lock) connections closed by their user or by the fan-in leave the
+        # fan-in here too, and the queue of those accept() has not handed out yet (a
+        # server that only reads the fan-in would otherwise keep every one it had)
+        closed = [h for h in self._conns if h.core.closed]
+        for held in closed:
             self._conns.remove(held)
             self._ended += 1
+        if self._new and (closed or len(self._new) > len(self._conns)):
+            self._new = deque(c for c in self._new if not c.closed)
 
     # -- accepting ------------------------------------------------------------------------
 
@@ -305,8 +310,10 @@ class SyncListener(ListenerBase):
             with self._lock:
                 if self._closed:
                     raise ClosedResourceError
-                if self._new:
-                    return self._new.popleft()
+                while self._new:
+                    chan = self._new.popleft()
+                    if not chan.closed:  # (one the fan-in dropped meanwhile is gone)
+                        return chan
             if self._accept_ready(for_accept=True):
                 continue
             if deadline is not None and time.monotonic() >= deadline:

@@ -1077,6 +1077,40 @@ def test_sync_listener_fan_in_accepts_while_it_waits(tmp_path):
     assert not path.exists()
 
 
+def test_a_sync_fan_in_server_keeps_no_connection_that_went(tmp_path):
+    """A server that only reads the fan-in keeps none of the connections that came and
+    went: they leave the fan-in and the queue accept() hands out (the same for one it
+    accepted and its user closed)."""
+    path = tmp_path / "g.sock"
+
+    def client(i: int, box: list[SyncChannel]) -> None:
+        c = connect_sync(path)
+        c.send(i, timeout=5)
+        box.append(c)
+
+    with listen_sync(path, spin_us=0) as lst:
+        for i in range(5):
+            box: list[SyncChannel] = []
+            t = threading.Thread(target=client, args=(i, box))
+            t.start()
+            if i == 0:  # accepted, used and closed by its user
+                conn = lst.accept(timeout=5)
+                assert conn.receive(timeout=5) == i
+                conn.close()
+            else:  # the fan-in accepts it while it waits, and reads it
+                conn, rec = lst.receive(timeout=10)
+                assert rec == i
+            t.join(5)
+            box[0].close()
+            with pytest.raises(TimeoutError):
+                lst.receive(timeout=0.1)  # reads the end: the connection goes
+        stats = lst.statistics()
+        assert stats.accepted == 5 and stats.ended == 5 and stats.open_connections == 0, stats
+        assert lst.connections == []
+        with pytest.raises(TimeoutError):
+            lst.accept(timeout=0.05)  # none of them is handed out any more
+
+
 def test_sync_listener_fan_in_drops_a_dead_peer_and_wakes_on_close(tmp_path):
     """A peer that dies while the fan-in waits wakes it (its hang-up is readable on
     the descriptor it polls): the connection is dropped and counted as broken, the
