@@ -6,7 +6,9 @@ msgspec and ringwire's PUBLIC API (``ringwire.pair``, ``PairEnd.connect`` /
 ``receive_many``, ``loan``, ``aclose`` / ``close``, ``ringwire.listen`` with
 ``Listener.accept`` / ``receive_many``, ``ringwire.connect_sync``).  Nothing of
 ``perf`` is imported, so the very same code measures the old and the new tree, and a
-reorganisation of ringwire's private modules cannot break it.
+reorganisation of ringwire's private modules cannot break it; where the public API
+was renamed (the handshake bound, ``timeout=`` -> ``handshake_timeout=``), the name
+is read from the tree's own signature (:func:`_setup_kw`).
 
 :mod:`perf.compare` copies this file into its run directory as ``rwcmp_child.py`` and
 starts ``python -c "...; rwcmp_child.driver_main()"`` there with ``PYTHONPATH`` set to
@@ -210,6 +212,24 @@ class Helpers:
         self.procs.clear()
 
 
+_SETUP_KW: dict[str, float] = {}
+
+
+def _setup_kw() -> dict[str, float]:
+    """The handshake bound as this tree's ``connect`` / ``PairEnd.connect`` name it:
+    ``handshake_timeout=`` from issue 23 on, ``timeout=`` before (this file measures
+    both trees; the signature is read once per process)."""
+    if not _SETUP_KW:
+        import inspect
+
+        import ringwire
+
+        params = inspect.signature(ringwire.connect_sync).parameters
+        name = "handshake_timeout" if "handshake_timeout" in params else "timeout"
+        _SETUP_KW[name] = SETUP_S
+    return _SETUP_KW
+
+
 def _pool_kw(pool: bool) -> dict[str, Any]:
     """``connect`` keywords: the default slot pool, or none (``slots=None``)."""
     return {} if pool else {"slots": None}
@@ -229,7 +249,7 @@ def _rt_result(samples: list[int]) -> dict[str, Any]:
 
 def _h_echo_async(ctrl: Any, end: Any, spin_us: float, total: int) -> None:
     async def main() -> None:
-        chan = await end.connect(type=Req, spin_us=spin_us, timeout=SETUP_S)
+        chan = await end.connect(type=Req, spin_us=spin_us, **_setup_kw())
         try:
             _ready(ctrl)
             recv, send = chan.receive, chan.send
@@ -248,7 +268,7 @@ def _spin_kw(spin_us: float | None) -> dict[str, Any]:
 
 
 def _h_echo_sync(ctrl: Any, end: Any, total: int, spin_us: float | None) -> None:
-    chan = end.connect_sync(type=Req, timeout=SETUP_S, **_spin_kw(spin_us))
+    chan = end.connect_sync(type=Req, **_setup_kw(), **_spin_kw(spin_us))
     try:
         _ready(ctrl)
         recv, send = chan.receive, chan.send
@@ -261,7 +281,7 @@ def _h_echo_sync(ctrl: Any, end: Any, total: int, spin_us: float | None) -> None
 
 def _h_sink(ctrl: Any, end: Any, batch: bool, pool: bool, phases: list[int]) -> None:
     """Receive each phase's records, then answer with one record (the "all there")."""
-    chan = end.connect_sync(type=Req, timeout=SETUP_S, **_pool_kw(pool))
+    chan = end.connect_sync(type=Req, **_setup_kw(), **_pool_kw(pool))
     try:
         _ready(ctrl)
         ack = make_record(-1)
@@ -285,7 +305,7 @@ def _h_sink(ctrl: Any, end: Any, batch: bool, pool: bool, phases: list[int]) -> 
 def _h_producer(ctrl: Any, path: str, phases: list[int]) -> None:
     import ringwire
 
-    chan = ringwire.connect_sync(path, type=Req, timeout=SETUP_S, slots=None)
+    chan = ringwire.connect_sync(path, type=Req, **_setup_kw(), slots=None)
     try:
         _ready(ctrl)
         recs = [make_record(i) for i in range(BATCH)]
@@ -304,7 +324,7 @@ def _h_producer(ctrl: Any, path: str, phases: list[int]) -> None:
 
 def _h_array_sink(ctrl: Any, end: Any, total: int) -> None:
     """Receive ``{"seq", "x"}``, read element 0, drop the array, answer with ``seq``."""
-    chan = end.connect_sync(slots=None, timeout=SETUP_S)
+    chan = end.connect_sync(slots=None, **_setup_kw())
     try:
         _ready(ctrl)
         bad = 0
@@ -334,7 +354,7 @@ def m_async_rt(n: int, warm: int, spin_us: float = 0.0) -> dict[str, Any]:
         ctrl = hs.start(_h_echo_async, b, spin_us, warm + n)
 
         async def main() -> list[int]:
-            chan = await a.connect(type=Req, spin_us=spin_us, timeout=SETUP_S)
+            chan = await a.connect(type=Req, spin_us=spin_us, **_setup_kw())
             try:
                 await hs.aexpect(ctrl, "ready")
                 send, recv = chan.send, chan.receive
@@ -374,7 +394,7 @@ def m_sync_rt(n: int, warm: int, spin_us: float | None = None) -> dict[str, Any]
     a, b = ringwire.pair()
     try:
         ctrl = hs.start(_h_echo_sync, b, warm + n, spin_us)
-        chan = a.connect_sync(type=Req, timeout=SETUP_S, **_spin_kw(spin_us))
+        chan = a.connect_sync(type=Req, **_setup_kw(), **_spin_kw(spin_us))
         try:
             hs.expect(ctrl, "ready")
             send, recv = chan.send, chan.receive
@@ -413,7 +433,7 @@ def m_tp(n: int, warm: int, batch: bool, pool: bool) -> dict[str, Any]:
     a, b = ringwire.pair()
     try:
         ctrl = hs.start(_h_sink, b, batch, pool, [warm, n])
-        chan = a.connect_sync(type=Req, timeout=SETUP_S, **_pool_kw(pool))
+        chan = a.connect_sync(type=Req, **_setup_kw(), **_pool_kw(pool))
         try:
             hs.expect(ctrl, "ready")
             recs = [make_record(i) for i in range(BATCH)]
@@ -505,7 +525,7 @@ def m_handoff(n: int, warm: int, loaned: bool) -> dict[str, Any]:
     a, b = ringwire.pair()
     try:
         ctrl = hs.start(_h_array_sink, b, warm + n)
-        chan = a.connect_sync(timeout=SETUP_S)
+        chan = a.connect_sync(**_setup_kw())
         try:
             hs.expect(ctrl, "ready")
             send, recv = chan.send, chan.receive

@@ -401,7 +401,7 @@ def _c_rw(ctrl: Any, loop_kind: str, path: str, k: int, mode: str) -> None:
 def _p_rw(ctrl: Any, path: str, batch: bool) -> None:
     import ringwire
 
-    chan = ringwire.connect_sync(path, type=P.Req, timeout=SETUP_TIMEOUT_S, slots=None)
+    chan = ringwire.connect_sync(path, type=P.Req, handshake_timeout=SETUP_TIMEOUT_S, slots=None)
     try:
 
         def serve(n: int) -> dict[str, Any]:

@@ -139,7 +139,7 @@ def _records(n: int) -> list[Any]:
 def _ringwire_producer(url: str) -> None:  # pragma: no cover - child
     import ringwire
 
-    with ringwire.connect_sync(url, slots=None, timeout=30) as ch:
+    with ringwire.connect_sync(url, slots=None, handshake_timeout=30) as ch:
         for line in sys.stdin:
             n = int(line)
             if n <= 0:

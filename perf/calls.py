@@ -100,7 +100,7 @@ def _child_rw_serve(ctrl: Any, loop_kind: str, end: Any) -> None:
         return req
 
     async def main() -> None:
-        async with await end.connect(timeout=SETUP_TIMEOUT_S) as chan:
+        async with await end.connect(handshake_timeout=SETUP_TIMEOUT_S) as chan:
             ctrl.send(("ready", os.getpid()))
             # returns when the parent's client closes the connection
             await ringwire.serve(chan, echo, type=Req, concurrency=512)
@@ -110,7 +110,7 @@ def _child_rw_serve(ctrl: Any, loop_kind: str, end: Any) -> None:
 
 def _child_rw_loop(ctrl: Any, loop_kind: str, end: Any) -> None:
     async def main() -> None:
-        async with await end.connect(type=Call, timeout=SETUP_TIMEOUT_S) as chan:
+        async with await end.connect(type=Call, handshake_timeout=SETUP_TIMEOUT_S) as chan:
             ctrl.send(("ready", os.getpid()))
             async for call in chan:  # the old worker loop: receive, answer, repeat
                 await chan.send(call)
@@ -165,7 +165,7 @@ class RingwireClient(CallPeer):
 
         a, b = ringwire.pair()
         self.spawn(_child_rw_serve, self.loop_kind, b)
-        chan = await a.connect(timeout=SETUP_TIMEOUT_S)
+        chan = await a.connect(handshake_timeout=SETUP_TIMEOUT_S)
         self.client = ringwire.Client(chan, type=Req)
         await self.client.__aenter__()
         self.ready_info = self.expect("ready")
@@ -216,7 +216,7 @@ class HandWritten(CallPeer):
 
         a, b = ringwire.pair()
         self.spawn(_child_rw_loop, self.loop_kind, b)
-        self.chan = await a.connect(type=Call, timeout=SETUP_TIMEOUT_S)
+        self.chan = await a.connect(type=Call, handshake_timeout=SETUP_TIMEOUT_S)
         self.futures = _Futures()
         self.futures.receiver = asyncio.get_running_loop().create_task(self._receive())
         self.ready_info = self.expect("ready")

@@ -128,7 +128,7 @@ def _consumer(ctrl: Any, end: Any) -> None:
     import numpy as np
     from anyio import EndOfStream
 
-    chan = end.connect_sync(timeout=P.SETUP_TIMEOUT_S)
+    chan = end.connect_sync(handshake_timeout=P.SETUP_TIMEOUT_S)
     got = arrays = bad = 0
     try:
         ctrl.send(("ready", os.getpid()))
@@ -195,7 +195,7 @@ def run(cfg: Config, records: int) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
     try:
-        chan = a.connect_sync(timeout=P.SETUP_TIMEOUT_S)
+        chan = a.connect_sync(handshake_timeout=P.SETUP_TIMEOUT_S)
         if not parent_end.poll(P.SETUP_TIMEOUT_S):
             raise RuntimeError("the consumer did not start")
         tag, cpid = parent_end.recv()

@@ -76,7 +76,7 @@ MODES = {
 def _slots() -> Any:
     import ringwire
 
-    return ringwire.SlotConfig(classes=tuple(ringwire.SlotClass(s, 1) for s in SIZES))
+    return ringwire.SlotConfig(classes=tuple(ringwire.wire.SlotClass(s, 1) for s in SIZES))
 
 
 # -- the children --------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def _slots() -> Any:
 def _child_ringwire(url: str) -> None:  # pragma: no cover - child
     import ringwire
 
-    with ringwire.connect_sync(url, slots=_slots(), timeout=30) as ch:
+    with ringwire.connect_sync(url, slots=_slots(), handshake_timeout=30) as ch:
         while True:
             msg = ch.receive()
             if msg[0] != "a":

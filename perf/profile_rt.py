@@ -219,7 +219,7 @@ def run_rt(seconds: float, loop_kind: str, breakdown: bool = False) -> dict[str,
     out: dict[str, Any] = {}
 
     async def main() -> None:
-        chan = await a.connect(type=P.Req, spin_us=0.0, timeout=P.SETUP_TIMEOUT_S)
+        chan = await a.connect(type=P.Req, spin_us=0.0, handshake_timeout=P.SETUP_TIMEOUT_S)
         try:
             if not pe.poll(P.SETUP_TIMEOUT_S):
                 raise RuntimeError("child did not start")
@@ -276,7 +276,7 @@ def run_rt(seconds: float, loop_kind: str, breakdown: bool = False) -> dict[str,
 def _fan_producer(ctrl: Any, path: str) -> None:
     import ringwire
 
-    chan = ringwire.connect_sync(path, type=P.Req, timeout=P.SETUP_TIMEOUT_S, slots=None)
+    chan = ringwire.connect_sync(path, type=P.Req, handshake_timeout=P.SETUP_TIMEOUT_S, slots=None)
     ctrl.send(("ready", None))
     recs = [P.make_record(i) for i in range(P.BATCH)]
     try:

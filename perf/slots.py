@@ -163,7 +163,7 @@ def _child_rw(
     try:
         for name, end, spin in zip(names, ends, spins):
             kw = {} if spin is None else {"spin_us": spin}
-            chans[name] = end.connect_sync(slots=None, timeout=P.SETUP_TIMEOUT_S, **kw)
+            chans[name] = end.connect_sync(slots=None, handshake_timeout=P.SETUP_TIMEOUT_S, **kw)
 
         def serve(cmd: Any) -> dict[str, Any]:  # cmd: (channel, n, mode)
             name, n, mode = cmd
@@ -326,7 +326,7 @@ class RingwirePeer(_Peer):
             for sp, (a, _b) in zip(self.specs, ends):
                 name, slots = sp.name, sp.slots
                 kw = {} if sp.producer_spin_us is None else {"spin_us": sp.producer_spin_us}
-                ch = a.connect_sync(slots=slots, timeout=P.SETUP_TIMEOUT_S, **kw)
+                ch = a.connect_sync(slots=slots, handshake_timeout=P.SETUP_TIMEOUT_S, **kw)
                 self.on_cleanup(ch.close)
                 self.chans[name] = ch
         finally:
@@ -720,7 +720,8 @@ FULL = Config(
 
 
 def main_pool() -> Any:
-    from ringwire import SlotClass, SlotConfig
+    from ringwire import SlotConfig
+    from ringwire.wire import SlotClass
 
     return SlotConfig(
         classes=(
@@ -743,7 +744,8 @@ IDLE_PAUSE_NS = 1_000_000  # > any default spin budget (50 us): the peer parks
 
 
 def hot_pool() -> Any:
-    from ringwire import SlotClass, SlotConfig
+    from ringwire import SlotConfig
+    from ringwire.wire import SlotClass
 
     return SlotConfig(
         classes=(SlotClass(8 * MiB, 2), SlotClass(64 * MiB, 2), SlotClass(256 * MiB, 2)),
@@ -763,7 +765,8 @@ RR_CASES: tuple[tuple[str, str, int, float | None], ...] = (
 
 
 def one_slot(size: int) -> Any:
-    from ringwire import SlotClass, SlotConfig
+    from ringwire import SlotConfig
+    from ringwire.wire import SlotClass
 
     return SlotConfig(classes=(SlotClass(size, 1),), threshold=min(size, 4 * KiB), policy="wait")
 

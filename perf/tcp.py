@@ -90,7 +90,7 @@ def _slots() -> Any:
     import ringwire
 
     # room for two handoffs of each size in flight
-    return ringwire.SlotConfig(classes=tuple(ringwire.SlotClass(s, 2) for s in (*SIZES, BIG)))
+    return ringwire.SlotConfig(classes=tuple(ringwire.wire.SlotClass(s, 2) for s in (*SIZES, BIG)))
 
 
 # -- the children (blocking API) ---------------------------------------------------------
@@ -99,7 +99,7 @@ def _slots() -> Any:
 def _child_ringwire(url: str) -> None:  # pragma: no cover - child
     import ringwire
 
-    with ringwire.connect_sync(url, slots=_slots(), timeout=30) as ch:
+    with ringwire.connect_sync(url, slots=_slots(), handshake_timeout=30) as ch:
         while True:
             msg = ch.receive()
             op = msg[0]

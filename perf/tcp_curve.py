@@ -68,7 +68,7 @@ MODES = {
 def _slots() -> Any:
     import ringwire
 
-    return ringwire.SlotConfig(classes=(ringwire.SlotClass(SIZE, 2),))
+    return ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(SIZE, 2),))
 
 
 # -- the child (blocking API) -------------------------------------------------------------
@@ -78,7 +78,7 @@ def _child(url: str, secret: str, server: str) -> None:  # pragma: no cover - ch
     import ringwire
 
     keys = ringwire.ClientKeys(secret=secret, server=server) if secret else None
-    with ringwire.connect_sync(url, slots=_slots(), timeout=30, keys=keys) as ch:
+    with ringwire.connect_sync(url, slots=_slots(), handshake_timeout=30, keys=keys) as ch:
         while True:
             msg = ch.receive()
             op = msg[0]

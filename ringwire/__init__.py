@@ -1,11 +1,51 @@
 """ringwire: typed msgpack records and zero-copy tensors over shared-memory rings.
 
-The public API is what ``__all__`` lists; every ``ringwire._*`` module is private.
+The public API is what ``__all__`` lists (and :mod:`ringwire.wire`, the wire format's
+descriptors, and :mod:`ringwire.runtime`, worker processes); every ``ringwire._*``
+module is private.
+
+One voice: the names every entry point uses
+-------------------------------------------
+Every async object has a blocking twin with the same methods and keywords (a blocking
+call adds ``timeout=``): :class:`Channel` / :class:`SyncChannel`, :class:`Receipt` /
+:class:`SyncReceipt`, :class:`Listener` / :class:`SyncListener` (:func:`listen` /
+:func:`listen_sync`), :func:`connect` / :func:`connect_sync`, :class:`Broadcaster` /
+:class:`SyncBroadcaster` (:func:`broadcast` / :func:`broadcast_sync`),
+:class:`BroadcastReceipt` / :class:`SyncBroadcastReceipt`, :class:`Subscriber` /
+:class:`SyncSubscriber` (:func:`subscribe` / :func:`subscribe_sync`), :class:`Client` /
+:class:`SyncClient`, :func:`serve` and its blocking, thread-based twin.  The same idea
+has the same keyword everywhere:
+
+``handshake_timeout=``
+    seconds the making of a connection may take, on every entry point that makes one
+    (connect, listen, subscribe, broadcast, a pair end's connect, and their twins).
+    A wait of one operation takes ``timeout=`` (the blocking drivers' ``receive``,
+    ``send``, ``accept``, ``wait``, ``call``).
+``type=``
+    the type what arrives is decoded as (``Channel.receive(type=)``, ``connect``,
+    ``listen``, ``subscribe``, ``Client``, ``serve``).
+``backlog=``
+    the socket's listen backlog, only (listen, broadcast); the calls a server has
+    accepted and not started are its ``max_queued=``.
+``slots=``
+    this side's *send* pool (:class:`SlotConfig`; ``None``: every array inline).
+``copy_out=``
+    the *receiving* side's choice: arrays that arrive in the peer's slots are copied
+    into private memory and the slots released at once (connect, listen, subscribe, a
+    pair end's connect, and their twins; it needs no send pool of one's own).
+
+A wait that timed out raises a :class:`TimeoutError`, whatever else it is
+(:class:`SlotWaitTimeout`, :class:`ReaderStalled`, :class:`DeadlineExceeded`, a
+blocking call's ``timeout=``); the state of a connection is said with anyio's
+exceptions (``EndOfStream``, ``BrokenResourceError``, ``ClosedResourceError``,
+``WouldBlock``); every other error ringwire raises on purpose is a
+:class:`RingwireError` (the tree is in ``ringwire/_errors.py``).
 
 How the package is built (imports point one way: down)::
 
     ringwire/__init__.py   the public names, re-exported from below
-    ringwire/runtime/      worker processes and their channels (the repository's runtime/)
+    ringwire/wire.py       the wire format's public descriptors (ringwire.wire)
+    runtime/               ringwire.runtime: worker processes and their channels
     ringwire/demo/         python -m ringwire.demo;  ringwire/_cli.py: python -m ringwire
     ringwire/_conn/        one endpoint core and the drivers around it:
         transport.py       the seam: what a transport does and guarantees (read first)
@@ -13,9 +53,15 @@ How the package is built (imports point one way: down)::
         waits.py           every waiting loop, written once, as generators
         async_channel.py   Channel: the anyio driver (asyncio, trio, uvloop)
         sync_channel.py    SyncChannel: the blocking driver (threads, scripts)
-        listener.py, connect.py, pair.py   how connections are made
+        driving.py         what both drivers share (receipts, the facade)
+        options.py         the keywords every connection-making entry point shares
+        listener.py, sync_listener.py   Listener / SyncListener: accept, fan-in
+        connect.py, pair.py, netconn.py   how connections are made
+        broadcast.py, broadcasting.py, subscriber.py   broadcast 1 -> N (the writer's
+                           core, Broadcaster, Subscriber)
         memory.py          an in-memory transport (tests drive the core with it)
         calls.py, sync_calls.py, callcore.py   request -> reply (drivers; sans-IO core)
+        statistics.py      the statistics snapshots
     ringwire/_shm/         the shared-memory transport: Unix sockets, the handshake,
                            slot pools (send / receive), the broadcast ring's ends
     ringwire/_net/         the TCP transport (ZeroMQ, NIXL), beside _shm: neither
@@ -40,6 +86,7 @@ from __future__ import annotations
 
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
+from . import wire as wire  # (the wire format's descriptors: ringwire.wire)
 from ._conn.async_channel import Channel, Receipt
 from ._conn.broadcast import BroadcastStatistics, ReaderInfo
 from ._conn.broadcasting import (
@@ -53,12 +100,13 @@ from ._conn.broadcasting import (
 from ._conn.calls import Client, serve
 from ._conn.connect import DEFAULT_CAPACITY, connect, connect_sync
 from ._conn.endpoint import DEFAULT_SPIN_US
-from ._conn.listener import Listener, SyncListener, listen
+from ._conn.listener import Listener, listen
 from ._conn.pair import PairEnd, pair
 from ._conn.statistics import ChannelStatistics, ListenerStatistics
 from ._conn.subscriber import Subscriber, SyncSubscriber, subscribe, subscribe_sync
 from ._conn.sync_calls import SyncClient, call_cancelled, serve_sync
 from ._conn.sync_channel import SyncChannel, SyncReceipt
+from ._conn.sync_listener import SyncListener, listen_sync
 from ._errors import (
     DeadlineExceeded,
     DecodeError,
@@ -75,26 +123,21 @@ from ._errors import (
     SharedMemoryFull,
     SlotMisuse,
     SlotsExhausted,
+    SlotWaitTimeout,
 )
 from ._net.keys import ClientKeys, ServerKeys
 from ._pool.segment import sweep as sweep_segments
 from ._pool.slotconfig import DEFAULT_SLOTS, SlotConfig
 from ._pool.views import borrow, copy_out, release
 from ._wire.codec import Decoder, Encoder, decode, encode
-from ._wire.descriptors import CudaRef, NetRef, NixlRef, SlotRef
-from ._wire.ext import ExtCode
 from ._wire.lanes import NATIVE as native
 from ._wire.lanes import REASON as native_reason
 from ._wire.record import Record
 from ._wire.sglang import SGLangRecord, SGLangState
-from ._wire.slotlayout import SlotClass
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_CAPACITY",
-    "DEFAULT_SLOTS",
-    "DEFAULT_SPIN_US",
     "BroadcastReceipt",
     "BroadcastStatistics",
     "Broadcaster",
@@ -104,14 +147,15 @@ __all__ = [
     "Client",
     "ClientKeys",
     "ClosedResourceError",
-    "CudaRef",
+    "DEFAULT_CAPACITY",
+    "DEFAULT_SLOTS",
+    "DEFAULT_SPIN_US",
     "DeadlineExceeded",
     "DecodeError",
     "Decoder",
     "EncodeError",
     "Encoder",
     "EndOfStream",
-    "ExtCode",
     "FrameTooLarge",
     "HandshakeError",
     "Listener",
@@ -122,21 +166,18 @@ __all__ = [
     "ReaderInfo",
     "ReaderStalled",
     "Receipt",
-    "RemoteError",
     "Record",
+    "RemoteError",
     "RingCorrupted",
+    "RingwireError",
     "SGLangRecord",
     "SGLangState",
-    "RingwireError",
     "SegmentError",
     "ServerKeys",
     "SharedMemoryFull",
-    "SlotClass",
     "SlotConfig",
     "SlotMisuse",
-    "NetRef",
-    "NixlRef",
-    "SlotRef",
+    "SlotWaitTimeout",
     "SlotsExhausted",
     "Subscriber",
     "SyncBroadcastReceipt",
@@ -158,6 +199,7 @@ __all__ = [
     "decode",
     "encode",
     "listen",
+    "listen_sync",
     "native",
     "native_reason",
     "pair",

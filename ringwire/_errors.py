@@ -6,9 +6,31 @@ Every error ringwire raises on purpose derives from :class:`RingwireError`, so o
 :class:`msgspec.DecodeError` and therefore a :class:`ValueError`), so code written
 against msgspec keeps working.
 
-Transport failures use anyio's exceptions (``BrokenResourceError``,
-``ClosedResourceError``, ``EndOfStream``, ``WouldBlock``) with the meaning anyio gives
-them; they are re-exported from :mod:`ringwire` for convenience.
+Not every failure is a ``RingwireError``.  The state of a connection is said with
+anyio's exceptions, with the meaning anyio gives them (re-exported from
+:mod:`ringwire`; they are not ``RingwireError`` s):
+
+``EndOfStream``
+    the peer closed its sending side cleanly and everything it sent was received.
+``BrokenResourceError``
+    the peer is gone (crashed, killed, its connection dropped or aborted, a protocol
+    violation on this connection: the cause is chained, the reason in the message).
+``ClosedResourceError``
+    *this* side closed the object (a channel, listener, broadcaster, subscriber).
+``WouldBlock``
+    a ``*_nowait`` call that would have to wait.
+
+A wait that timed out is a :class:`TimeoutError` (Python's builtin, an ``OSError``),
+whatever else it is: a blocking call's ``timeout=`` (``receive``, ``send``, ``accept``,
+``wait``, ``call``), a ``handshake_timeout``, and three ringwire errors that are also
+``TimeoutError`` s -- :class:`SlotWaitTimeout` (a slot wait past the pool's
+``wait_timeout``), :class:`ReaderStalled` (a broadcast writer past its
+``stall_timeout``) and :class:`DeadlineExceeded` (a call past its deadline).  So
+``except TimeoutError`` catches every timeout, and ``except RingwireError`` every
+ringwire error.  (An async call is bounded by anyio cancel scopes instead:
+``anyio.fail_after`` raises ``TimeoutError`` too.)  Bad arguments are ``ValueError`` /
+``TypeError`` naming the argument; ``connect`` to a path with no listener raises
+``FileNotFoundError`` / ``ConnectionRefusedError`` / ``PermissionError`` naming it.
 
 ::
 
@@ -23,7 +45,8 @@ them; they are re-exported from :mod:`ringwire` for convenience.
     ├── RingCorrupted               an inconsistent ring header or frame
     ├── SegmentError                a segment cannot be created or attached
     │   └── SharedMemoryFull        no room in /dev/shm
-    ├── SlotsExhausted              no slot free (policy "error", timeout, futile)
+    ├── SlotsExhausted              no slot free (policy "error", or none ever can be)
+    │   └── SlotWaitTimeout (TimeoutError)  policy "wait" waited the pool's wait_timeout
     ├── SlotRefused                 a release the producer never handed out
     ├── ReaderStalled (TimeoutError)  a broadcast writer waited too long for named readers
     └── RemoteError                 a call's handler raised (type name, message, details)
@@ -57,6 +80,7 @@ __all__ = [
     "SharedMemoryFull",
     "SlotMisuse",
     "SlotRefused",
+    "SlotWaitTimeout",
     "SlotsExhausted",
 ]
 
@@ -125,7 +149,13 @@ class SharedMemoryFull(SegmentError):
 
 class SlotsExhausted(RingwireError):
     """No slot is free for an array (policy ``"error"``), or none can ever be (the
-    record needs more slots than the pool has), or a wait for one timed out."""
+    record needs more slots than the pool has), or a wait for one timed out
+    (:class:`SlotWaitTimeout`)."""
+
+
+class SlotWaitTimeout(SlotsExhausted, TimeoutError):
+    """Policy ``"wait"`` waited the pool's ``wait_timeout`` for a slot and none was
+    released: the receiver keeps every array it got.  Also a :class:`TimeoutError`."""
 
 
 class SlotMisuse(EncodeError):

@@ -117,7 +117,7 @@ async def _enter(
     deadline = time.monotonic() + retry_for
     hello = message("join", name=name, pid=os.getpid(), host=socket.gethostname())
     while True:
-        ctrl = await _connect(address, name, deadline, slots=None, timeout=timeout, **net)
+        ctrl = await _connect(address, name, deadline, slots=None, handshake_timeout=timeout, **net)
         try:
             with anyio.fail_after(timeout):
                 await ctrl.send(hello)
@@ -134,7 +134,7 @@ async def _enter(
                 raise JoinRefused(f"{address} is not a ringwire topology (it answered {reply!r})")
             with anyio.fail_after(timeout):
                 data = await ringwire.connect(
-                    address, slots=slots, capacity=capacity, timeout=timeout, **net
+                    address, slots=slots, capacity=capacity, handshake_timeout=timeout, **net
                 )
                 try:
                     await data.send(message("attach", token=reply["token"]))

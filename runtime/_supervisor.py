@@ -574,7 +574,9 @@ class Topology:
         try:
             with anyio.fail_after(self._ready_timeout):
                 chan = await front.connect(
-                    slots=self._front_slots, spin_us=spec.spin_us, timeout=self._ready_timeout
+                    slots=self._front_slots,
+                    spin_us=spec.spin_us,
+                    handshake_timeout=self._ready_timeout,
                 )
                 await ready.wait()
         except TimeoutError:

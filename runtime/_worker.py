@@ -296,7 +296,7 @@ async def _amain(
     code = EXIT_OK
     try:
         chan = await end.connect(
-            slots=launch.slots, spin_us=launch.spin_us, timeout=launch.connect_timeout
+            slots=launch.slots, spin_us=launch.spin_us, handshake_timeout=launch.connect_timeout
         )
     except Exception as exc:
         if _is_lost(launch, ctrl, exc):

@@ -118,7 +118,7 @@ class RingwireAsyncRT(Peer):
         self.chan = await a.connect(
             type=self.kind_.type,
             spin_us=self.spin_us,
-            timeout=SETUP_TIMEOUT_S,
+            handshake_timeout=SETUP_TIMEOUT_S,
             **_slots_kw(self.pool),
         )
         self.ready_info = self.expect("ready")
@@ -145,7 +145,9 @@ class RingwireAsyncRT(Peer):
 
 
 def _child_rw_sync_rt(ctrl: Any, end: Any, spin_us: float, size: int = 100) -> None:
-    chan = end.connect_sync(type=KINDS[size].type, spin_us=spin_us, timeout=SETUP_TIMEOUT_S)
+    chan = end.connect_sync(
+        type=KINDS[size].type, spin_us=spin_us, handshake_timeout=SETUP_TIMEOUT_S
+    )
     try:
 
         def serve(n: int) -> dict[str, Any]:
@@ -175,7 +177,7 @@ class RingwireSyncRT(Peer):
         a, b = rw_pair()
         self.spawn(_child_rw_sync_rt, b, self.spin_us, self.kind_.size)
         self.chan = a.connect_sync(
-            type=self.kind_.type, spin_us=self.spin_us, timeout=SETUP_TIMEOUT_S
+            type=self.kind_.type, spin_us=self.spin_us, handshake_timeout=SETUP_TIMEOUT_S
         )
         self.on_cleanup(self.chan.close)
         self.ready_info = self.expect("ready")
@@ -261,14 +263,18 @@ class RingwireTP(Peer):
     def setup(self) -> None:
         a, b = rw_pair()
         self.spawn(_child_rw_tp, None, b, self.batch, self.pool)
-        self.chan = a.connect_sync(type=Req, timeout=SETUP_TIMEOUT_S, **_slots_kw(self.pool))
+        self.chan = a.connect_sync(
+            type=Req, handshake_timeout=SETUP_TIMEOUT_S, **_slots_kw(self.pool)
+        )
         self.on_cleanup(self.chan.close)
         self.ready_info = self.expect("ready")
 
     async def asetup(self) -> None:
         a, b = rw_pair()
         self.spawn(_child_rw_tp, self.loop_kind, b, self.batch, self.pool)
-        self.chan = await a.connect(type=Req, timeout=SETUP_TIMEOUT_S, **_slots_kw(self.pool))
+        self.chan = await a.connect(
+            type=Req, handshake_timeout=SETUP_TIMEOUT_S, **_slots_kw(self.pool)
+        )
         self.ready_info = self.expect("ready")
 
     async def aclose_transport(self) -> None:
@@ -365,6 +371,6 @@ class RingwireIdle(Peer):
     def setup(self) -> None:
         a, b = rw_pair()
         self.spawn(_child_rw_idle, self.loop_kind, b)
-        self.chan = a.connect_sync(type=Req, timeout=SETUP_TIMEOUT_S)
+        self.chan = a.connect_sync(type=Req, handshake_timeout=SETUP_TIMEOUT_S)
         self.on_cleanup(self.chan.close)
         self.ready_info = self.expect("ready")

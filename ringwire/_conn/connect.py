@@ -17,13 +17,13 @@ from .._shm.sockets import check_peer, hung_up
 from .._wire.ring import validate_capacity
 from .async_channel import Channel
 from .endpoint import DEFAULT_SPIN_US, Endpoint
-from .listener import DEFAULT_HANDSHAKE_TIMEOUT
 from .netconn import DEFAULT_HEARTBEAT, check_heartbeat, connect_transport
 from .netconn import drive_async as net_drive_async
 from .netconn import drive_sync as net_drive_sync
+from .options import DEFAULT_HANDSHAKE_TIMEOUT, check_options, receiving
 from .sync_channel import SyncChannel
 
-__all__ = ["DEFAULT_CAPACITY", "check_options", "connect", "connect_sync"]
+__all__ = ["DEFAULT_CAPACITY", "connect", "connect_sync"]
 
 DEFAULT_CAPACITY = 1 << 20
 """Bytes of each ring lane's data area (records up to half of it travel inline)."""
@@ -33,14 +33,6 @@ def _client_socket(path: str | os.PathLike[str]) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     return sock
-
-
-def check_options(spin_us: float, timeout: float) -> None:
-    """Refuse bad ``spin_us`` / ``timeout`` before anything is made."""
-    if isinstance(spin_us, bool) or not isinstance(spin_us, (int, float)) or not spin_us >= 0:
-        raise ValueError(f"spin_us must be a number of microseconds >= 0, not {spin_us!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a number of seconds > 0, not {timeout!r}")
 
 
 def _no_listener(path: str | os.PathLike[str], exc: OSError) -> OSError:
@@ -83,8 +75,9 @@ async def connect(
     capacity: int = DEFAULT_CAPACITY,
     type: Any = Any,
     spin_us: float = DEFAULT_SPIN_US,
-    timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     slots: SlotConfig | None = DEFAULT_SLOTS,
+    copy_out: bool = False,
     heartbeat: float = DEFAULT_HEARTBEAT,
     keys: ClientKeys | None = None,
 ) -> Channel:
@@ -99,27 +92,42 @@ async def connect(
     that requires CURVE keys; a refusal -- this client's key not listed, keys missing
     on either side, a wrong server key -- raises :class:`PeerCredentialsError` at once.
 
-    ``capacity`` is the data capacity of each ring lane (a power of two).  ``slots``
-    configures this side's tensor-slot send pool (``None``: no pool, every array
-    travels inline).  Raises ``FileNotFoundError`` / ``ConnectionRefusedError`` /
-    ``PermissionError`` (naming the path) when no listener can be reached there,
-    :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the rings or the pool,
-    :class:`HandshakeError` if the listener refuses, ``TimeoutError`` after ``timeout``.
+    ``capacity`` is the data capacity of each ring lane (a power of two); ``type``
+    decodes what arrives (``Any``: plain msgpack types); ``spin_us`` is how long a
+    waiting call spins before it parks; ``handshake_timeout`` bounds the connecting
+    and the handshake.  ``slots`` configures this side's tensor-slot *send* pool
+    (``None``: no pool, every array this side sends travels inline).  ``copy_out``
+    is this side's choice as a *receiver*: every array that arrives in one of the
+    peer's slots is copied into private, writable memory and the slot released at
+    once (it works with ``slots=None`` too).
+
+    Raises ``ValueError`` / ``TypeError`` for a bad keyword (before anything is
+    made), ``FileNotFoundError`` / ``ConnectionRefusedError`` / ``PermissionError``
+    (naming the path) when no listener can be reached there, ``OSError`` for an
+    unknown host, :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the rings or
+    the pool, :class:`HandshakeError` if the listener refuses
+    (:class:`PeerCredentialsError` for refused credentials), ``TimeoutError`` after
+    ``handshake_timeout``.
     """
     validate_capacity(capacity)
-    check_options(spin_us, timeout)
+    check_options(spin_us, handshake_timeout, copy_out)
     slots = resolve_config(slots)
     if isinstance(path, str) and path.startswith("tcp://"):
         check_heartbeat(heartbeat)
         _, gen = connect_transport(
-            path, capacity=capacity, slots=slots, heartbeat=heartbeat, timeout=timeout, keys=keys
+            path,
+            capacity=capacity,
+            slots=slots,
+            heartbeat=heartbeat,
+            timeout=handshake_timeout,
+            keys=keys,
         )
-        transport = await net_drive_async(gen)
+        transport = receiving(await net_drive_async(gen), copy_out)
         return Channel(Endpoint(transport, type=type, spin_us=spin_us, name=path))
     _no_keys_here(path, keys)
     sock = _client_socket(path)
     try:
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(handshake_timeout):
             while True:
                 try:
                     sock.connect(os.fspath(path))
@@ -135,6 +143,7 @@ async def connect(
     except BaseException:
         sock.close()
         raise
+    receiving(transport, copy_out)
     return Channel(Endpoint(transport, type=type, spin_us=spin_us, name=os.fspath(path)))
 
 
@@ -144,24 +153,31 @@ def connect_sync(
     capacity: int = DEFAULT_CAPACITY,
     type: Any = Any,
     spin_us: float = DEFAULT_SPIN_US,
-    timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     slots: SlotConfig | None = DEFAULT_SLOTS,
+    copy_out: bool = False,
     heartbeat: float = DEFAULT_HEARTBEAT,
     keys: ClientKeys | None = None,
 ) -> SyncChannel:
-    """Blocking :func:`connect`: returns a :class:`SyncChannel` (``tcp://`` too)."""
+    """Blocking :func:`connect`: returns a :class:`SyncChannel` (``tcp://`` too).  The
+    keywords, and what it raises, are :func:`connect`'s."""
     validate_capacity(capacity)
-    check_options(spin_us, timeout)
+    check_options(spin_us, handshake_timeout, copy_out)
     slots = resolve_config(slots)
     if isinstance(path, str) and path.startswith("tcp://"):
         check_heartbeat(heartbeat)
         _, gen = connect_transport(
-            path, capacity=capacity, slots=slots, heartbeat=heartbeat, timeout=timeout, keys=keys
+            path,
+            capacity=capacity,
+            slots=slots,
+            heartbeat=heartbeat,
+            timeout=handshake_timeout,
+            keys=keys,
         )
-        transport = net_drive_sync(gen)
+        transport = receiving(net_drive_sync(gen), copy_out)
         return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=path))
     _no_keys_here(path, keys)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + handshake_timeout
     sock = _client_socket(path)
     try:
         while True:
@@ -181,4 +197,5 @@ def connect_sync(
     except BaseException:
         sock.close()
         raise
+    receiving(transport, copy_out)
     return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=os.fspath(path)))

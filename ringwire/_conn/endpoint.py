@@ -76,6 +76,7 @@ from .._errors import (
     RingwireError,
     SlotRefused,
     SlotsExhausted,
+    SlotWaitTimeout,
 )
 from .._pool.cuda import CudaNeed
 from .._pool.protocols import Placed, RecvPool, SendPool
@@ -475,10 +476,10 @@ class Endpoint:
             "ever (wait_timeout=None)" if timeout is None else f"{timeout:g} s",
         )
 
-    def slot_timeout(self, nbytes: int | CudaNeed) -> SlotsExhausted:
+    def slot_timeout(self, nbytes: int | CudaNeed) -> SlotWaitTimeout:
         pool = self.pool
         assert pool is not None
-        return SlotsExhausted(
+        return SlotWaitTimeout(
             f"no slot for {nbytes} bytes was released within {pool.config.wait_timeout} s "
             f"(pool: {pool.config.describe()})"
         )

@@ -1,9 +1,14 @@
-"""Listeners: many connections accepted at one Unix socket path, and a fair fan-in.
+"""Listeners: many connections accepted at one address, and a fair fan-in.
 
 :class:`Listener` (async) runs handshakes in the background and merges every accepted
-connection into one stream of ``(connection, record)``; :class:`SyncListener` accepts
-:class:`~ringwire.SyncChannel` s one at a time.  A failed handshake never disturbs a
-listener; a connection that breaks is dropped from the fan-in alone.
+connection into one stream of ``(connection, record)``; its blocking twin,
+:class:`~ringwire.SyncListener`, is in :mod:`.sync_listener`.  What both are
+configured with, and how they make the endpoint of an accepted connection, is
+:class:`ListenerBase`.
+
+Both: a failed handshake never disturbs a listener (it is logged and counted as
+refused); a connection that breaks is logged, counted and dropped from the fan-in
+alone; one that ends cleanly is dropped silently.
 """
 
 from __future__ import annotations
@@ -13,10 +18,8 @@ import errno
 import logging
 import math
 import os
-import select
 import socket
 import time
-import warnings
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
@@ -25,12 +28,12 @@ import anyio.abc
 import anyio.lowlevel
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
-from .._errors import DecodeError, RingwireError
+from .._errors import DecodeError
 from .._net.keys import ServerKeys
 from .._pool.segment import pid_alive, sweep
 from .._pool.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
-from .._shm.handshake import HandshakeGen, drive_async, drive_sync, server_handshake
-from .._shm.sockets import bind_unix_socket, check_peer, poll_fd
+from .._shm.handshake import HandshakeGen, drive_async, server_handshake
+from .._shm.sockets import bind_unix_socket, check_peer
 from .._wire.ring import MAX_CAPACITY, validate_capacity
 from .async_channel import AsyncWaker, Channel
 from .endpoint import DEFAULT_SPIN_US, EMPTY, Endpoint
@@ -40,16 +43,14 @@ from .netconn import (
     check_bind,
     check_heartbeat,
     open_acceptor,
-    sync_accept,
 )
+from .options import DEFAULT_HANDSHAKE_TIMEOUT, check_options, receiving
 from .statistics import ListenerStatistics
-from .sync_channel import SyncChannel
 
-__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "Listener", "SyncListener", "listen"]
+__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "Listener", "ListenerBase", "listen"]
 
 logger = logging.getLogger("ringwire")
 
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 _YIELD_EVERY = 32  # the fan-in yields to the event loop at least this often
 
 
@@ -71,25 +72,14 @@ async def _sweep_when_dead(pid: int, patience: float = 2.0) -> None:
     sweep()
 
 
-def _sweep_when_dead_sync(pid: int, patience: float = 0.1) -> None:
-    """Blocking :func:`_sweep_when_dead`, with a short patience: a client whose socket
-    closed because it died is gone within milliseconds (one still alive can unlink its
-    own names)."""
-    deadline = time.monotonic() + patience
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.002)
-    sweep()
-
-
-class _ListenerBase:
+class ListenerBase:
     """What both listeners are configured with, and how they run and refuse handshakes.
 
     ``type`` decodes records of accepted connections; ``spin_us`` is their spin budget;
     ``max_capacity`` bounds the rings a client may announce; ``handshake_timeout``
     bounds one handshake; ``backlog`` is the socket's listen backlog; ``slots`` is the
-    send pool of every accepted connection (see :func:`connect`).
+    send pool of every accepted connection, ``copy_out`` their choice as receivers
+    (see :func:`connect`).
     """
 
     def __init__(
@@ -102,6 +92,7 @@ class _ListenerBase:
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         backlog: int = 128,
         slots: SlotConfig | None = DEFAULT_SLOTS,
+        copy_out: bool = False,
         heartbeat: float = DEFAULT_HEARTBEAT,
         insecure: bool = False,
         keys: ServerKeys | None = None,
@@ -122,11 +113,8 @@ class _ListenerBase:
                 f"keys= is for tcp:// addresses; {self.path!r} is a Unix socket, which "
                 "admits processes of this uid only"
             )
-        if not isinstance(spin_us, (int, float)) or not spin_us >= 0:
-            raise ValueError(f"spin_us must be a number >= 0, not {spin_us!r}")
-        if not isinstance(handshake_timeout, (int, float)) or not handshake_timeout > 0:
-            raise ValueError(f"handshake_timeout must be > 0 seconds, not {handshake_timeout!r}")
-        if not isinstance(backlog, int) or backlog < 1:
+        check_options(spin_us, handshake_timeout, copy_out)
+        if isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 1:
             raise ValueError(f"backlog must be an int >= 1, not {backlog!r}")
         validate_capacity(max_capacity)
         self._type = type
@@ -135,6 +123,7 @@ class _ListenerBase:
         self._max_capacity = max_capacity
         self._handshake_timeout = handshake_timeout
         self._backlog = backlog
+        self._copy_out = copy_out
 
     def _open_acceptor(self) -> None:
         """``tcp://``: bind the rendezvous (``self.path`` becomes the bound address,
@@ -156,6 +145,7 @@ class _ListenerBase:
         return server_handshake(pid, self._max_capacity, self._slots, own_names=True)
 
     def _endpoint(self, transport: Any) -> Endpoint:
+        receiving(transport, self._copy_out)
         return Endpoint(transport, type=self._type, spin_us=self._spin_us, name=self.path)
 
     def _log_refusal(self, exc: BaseException) -> None:
@@ -169,7 +159,7 @@ class _ListenerBase:
             pass
 
 
-class Listener(_ListenerBase):
+class Listener(ListenerBase):
     """Accepts connections at a Unix socket path; many producers, one consumer.
 
     Use it as an async context manager (it accepts and runs handshakes in the
@@ -196,6 +186,7 @@ class Listener(_ListenerBase):
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         backlog: int = 128,
         slots: SlotConfig | None = DEFAULT_SLOTS,
+        copy_out: bool = False,
         heartbeat: float = DEFAULT_HEARTBEAT,
         insecure: bool = False,
         keys: ServerKeys | None = None,
@@ -203,13 +194,15 @@ class Listener(_ListenerBase):
         """``type`` decodes the records of every accepted connection; ``spin_us`` is
         their spin budget; ``max_capacity`` bounds the rings a client may announce;
         ``handshake_timeout`` bounds one handshake; ``backlog`` is the socket's listen
-        backlog; ``slots`` is this side's send pool on every accepted connection (see
-        :func:`connect`).  ``path`` may be ``"tcp://host:port"`` (port 0: any free
+        backlog; ``slots`` is this side's send pool on every accepted connection, and
+        ``copy_out`` whether they copy the arrays they receive in the peer's slots
+        (see :func:`connect`).  ``path`` may be ``"tcp://host:port"`` (port 0: any free
         one; :attr:`path` then names the bound address): ``heartbeat`` is the TCP
         connections' liveness bound, and a non-loopback host needs ``keys`` (a
         :class:`~ringwire.ServerKeys`: CURVE, only the listed clients admitted; each
         refusal logged and counted in ``statistics().refused``) or ``insecure=True``.
-        Raises ``ValueError`` / ``TypeError`` for bad values."""
+        Raises ``ValueError`` / ``TypeError`` for bad values (before anything is
+        made); entering it raises ``OSError`` if the address cannot be bound."""
         super().__init__(
             path,
             type=type,
@@ -218,6 +211,7 @@ class Listener(_ListenerBase):
             handshake_timeout=handshake_timeout,
             backlog=backlog,
             slots=slots,
+            copy_out=copy_out,
             heartbeat=heartbeat,
             insecure=insecure,
             keys=keys,
@@ -250,6 +244,7 @@ class Listener(_ListenerBase):
             self._drop(conn, None)
 
     def statistics(self) -> ListenerStatistics:
+        """A snapshot of the listener's counters (open, accepted, refused, broken, ended)."""
         self._prune()
         return ListenerStatistics(
             open_connections=len(self._conns),
@@ -271,7 +266,7 @@ class Listener(_ListenerBase):
         try:
             await self._cm.__aenter__()
         except BaseException:
-            await self.aclose()
+            self.close()
             raise
         return self
 
@@ -292,21 +287,28 @@ class Listener(_ListenerBase):
             try:
                 yield
             finally:
-                await self.aclose()
+                self.close()
 
     async def aclose(self) -> None:
         """Stop accepting, close every connection, remove the socket file.
 
-        May be called from any task; cleanup is shielded from cancellation, so a
-        cancelled server still leaves no socket file and no open connection behind.
+        May be called from any task; cleanup never waits, so a cancelled server still
+        leaves no socket file and no open connection behind.
         """
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """:meth:`aclose` without awaiting (call it from the event loop's thread, as
+        :meth:`Channel.close`): stop accepting, close every connection, remove the
+        socket file.  Tasks waiting in :meth:`receive` / :meth:`accept` get
+        ``ClosedResourceError``."""
         if self._closed:
             return
         self._closed = True
         self._notify()
-        with anyio.CancelScope(shield=True):
-            for a in list(self._conns):
-                await a.chan.aclose()
+        for a in list(self._conns):
+            a.chan.close()
         self._conns.clear()
         if self._sock is not None:
             anyio.notify_closing(self._sock)
@@ -405,7 +407,11 @@ class Listener(_ListenerBase):
     # -- accept -----------------------------------------------------------------------------
 
     async def accept(self) -> Channel:
-        """The next new connection (it also takes part in the fan-in :meth:`receive`)."""
+        """The next new connection (it also takes part in the fan-in :meth:`receive`).
+
+        Raises ``RuntimeError`` before the listener is entered, ``ClosedResourceError``
+        once it is closed; failed handshakes are logged and counted
+        (``statistics().refused``), never raised here."""
         if self._sock is None and self._acceptor is None:
             raise RuntimeError("use the Listener as 'async with' before accepting")
         try:
@@ -569,6 +575,9 @@ class Listener(_ListenerBase):
             await anyio.lowlevel.cancel_shielded_checkpoint()
 
     def receive_nowait(self) -> tuple[Channel, Any]:
+        """A record that is already there, as ``(connection, record)``; raises
+        :class:`anyio.WouldBlock` if there is none, ``ClosedResourceError`` once the
+        listener is closed."""
         if self._closed:
             raise ClosedResourceError
         got = self._try_fan_in()
@@ -595,12 +604,14 @@ def listen(
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     backlog: int = 128,
     slots: SlotConfig | None = DEFAULT_SLOTS,
+    copy_out: bool = False,
     heartbeat: float = DEFAULT_HEARTBEAT,
     insecure: bool = False,
     keys: ServerKeys | None = None,
 ) -> Listener:
     """A :class:`Listener` at ``path`` (a Unix socket path, or ``tcp://host:port``);
-    use it as ``async with listen(path) as l:``.  The keywords are :class:`Listener`'s."""
+    use it as ``async with listen(path) as l:``.  The keywords, and what they raise,
+    are :class:`Listener`'s; the blocking twin is :func:`listen_sync`."""
     return Listener(
         path,
         type=type,
@@ -609,111 +620,8 @@ def listen(
         handshake_timeout=handshake_timeout,
         backlog=backlog,
         slots=slots,
+        copy_out=copy_out,
         heartbeat=heartbeat,
         insecure=insecure,
         keys=keys,
     )
-
-
-class SyncListener(_ListenerBase):
-    """A blocking listener: :meth:`accept` returns :class:`SyncChannel` s."""
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        type: Any = Any,
-        spin_us: float = DEFAULT_SPIN_US,
-        max_capacity: int = MAX_CAPACITY,
-        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-        backlog: int = 128,
-        slots: SlotConfig | None = DEFAULT_SLOTS,
-        heartbeat: float = DEFAULT_HEARTBEAT,
-        insecure: bool = False,
-        keys: ServerKeys | None = None,
-    ) -> None:
-        """The keywords are :class:`Listener`'s."""
-        super().__init__(
-            path,
-            type=type,
-            spin_us=spin_us,
-            max_capacity=max_capacity,
-            handshake_timeout=handshake_timeout,
-            backlog=backlog,
-            slots=slots,
-            heartbeat=heartbeat,
-            insecure=insecure,
-            keys=keys,
-        )
-        self.refused = 0
-        self._sock: socket.socket | None = None
-        if self.tcp:
-            self._open_acceptor()
-            return
-        self._sock = bind_unix_socket(self.path, self._backlog)
-        sweep()  # names left by dead processes (as Listener)
-
-    def accept(self, timeout: float | None = None) -> SyncChannel:
-        """Wait for the next connection whose handshake succeeds."""
-        if self._acceptor is not None:
-            if self._acceptor.closed:
-                raise ClosedResourceError
-            return SyncChannel(
-                self._endpoint(sync_accept(self._acceptor, timeout, self._refused_one))
-            )
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._sock is None:
-                raise ClosedResourceError
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError("no connection before the timeout")
-            try:
-                conn_sock, _ = self._sock.accept()
-            except BlockingIOError:
-                poll_fd(self._sock.fileno(), select.POLLIN, left)
-                continue
-            conn_sock.setblocking(False)
-            pid: int | None = None
-            try:
-                pid = check_peer(conn_sock)
-                hs_deadline = time.monotonic() + self._handshake_timeout
-                transport = drive_sync(self._handshake_for(pid), conn_sock, hs_deadline)
-            except (RingwireError, OSError) as exc:
-                conn_sock.close()
-                self.refused += 1
-                self._log_refusal(exc)
-                if getattr(exc, "before_hello", False) and pid is not None:
-                    _sweep_when_dead_sync(pid)  # as Listener does: its names are unknown
-                continue
-            except BaseException:
-                conn_sock.close()
-                raise
-            return SyncChannel(self._endpoint(transport))
-
-    def _refused_one(self, exc: BaseException) -> None:
-        self.refused += getattr(exc, "count", 1)
-        self._log_refusal(exc)
-
-    def close(self) -> None:
-        if self._acceptor is not None:
-            self._acceptor.close()
-        if self._sock is not None:
-            sock, self._sock = self._sock, None
-            self._remove_socket(sock)
-
-    def __enter__(self) -> SyncListener:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        acceptor = getattr(self, "_acceptor", None)
-        if getattr(self, "_sock", None) is not None or (
-            acceptor is not None and not acceptor.closed
-        ):
-            warnings.warn(
-                f"unclosed ringwire SyncListener at {self.path}", ResourceWarning, stacklevel=1
-            )
-            self.close()

@@ -26,7 +26,6 @@ __all__ = [
     "drive_sync",
     "load",
     "open_acceptor",
-    "sync_accept",
 ]
 
 DEFAULT_HEARTBEAT = 3.0  # (ringwire._net.transport.DEFAULT_HEARTBEAT, without pyzmq)
@@ -193,28 +192,3 @@ async def accept_loop(
                 await anyio.wait_readable(acceptor.fileno())
         except (anyio.ClosedResourceError, OSError, ValueError):
             return
-
-
-def sync_accept(
-    acceptor: Any, timeout: float | None, refuse: Callable[[BaseException], None]
-) -> Any:
-    """The next transport whose handshake finished (``TimeoutError`` after
-    ``timeout``); refusals go to ``refuse``."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    poller = select.poll()
-    poller.register(acceptor.fileno(), select.POLLIN)
-    while True:
-        if acceptor.backlog:
-            return acceptor.backlog.pop(0)
-        done, refused = acceptor.step()
-        for exc in refused:
-            refuse(exc)
-        if done:
-            acceptor.backlog.extend(done)
-            continue
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            raise TimeoutError("no connection before the timeout")
-        limits = [x for x in (deadline, acceptor.next_deadline()) if x is not None]
-        ms = -1 if not limits else max(1, int((min(limits) - now) * 1000) + 1)
-        poller.poll(ms)

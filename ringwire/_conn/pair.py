@@ -30,8 +30,9 @@ from .._shm.handshake import (
 from .._shm.sockets import check_peer, hung_up
 from .._wire.ring import MAX_CAPACITY, validate_capacity
 from .async_channel import Channel
-from .connect import DEFAULT_CAPACITY, check_options
+from .connect import DEFAULT_CAPACITY
 from .endpoint import DEFAULT_SPIN_US, Endpoint
+from .options import check_options, receiving
 from .sync_channel import SyncChannel
 
 __all__ = ["DEFAULT_PAIR_TIMEOUT", "PairEnd", "pair"]
@@ -115,9 +116,7 @@ class PairEnd:
         sock, self._sock = self._sock, None
         return sock
 
-    def _handshake(
-        self, sock: socket.socket, pid: int, slots: SlotConfig | None
-    ) -> HandshakeGen:
+    def _handshake(self, sock: socket.socket, pid: int, slots: SlotConfig | None) -> HandshakeGen:
         if self._role == "client":
             return client_handshake(self._capacity, slots, partial(hung_up, sock))
         return server_handshake(pid, MAX_CAPACITY, slots)
@@ -127,21 +126,32 @@ class PairEnd:
         *,
         type: Any = Any,
         spin_us: float = DEFAULT_SPIN_US,
-        timeout: float = DEFAULT_PAIR_TIMEOUT,
+        handshake_timeout: float = DEFAULT_PAIR_TIMEOUT,
         slots: SlotConfig | None = DEFAULT_SLOTS,
+        copy_out: bool = False,
     ) -> Channel:
         """Finish the connection (the other end must connect too); the async endpoint.
-        ``slots`` configures this end's tensor-slot send pool (see :func:`connect`)."""
-        check_options(spin_us, timeout)
+
+        The keywords are :func:`~ringwire.connect`'s: ``slots`` configures this end's
+        tensor-slot send pool, ``copy_out`` makes this end copy the arrays it receives
+        in the other end's slots (each end chooses for itself); ``handshake_timeout``
+        (default 60 s: a child process may take a while to start) bounds the wait for
+        the other end.  Raises ``ValueError`` / ``TypeError`` for a bad keyword (the
+        end stays usable), ``ClosedResourceError`` if this end was already connected
+        or closed, :class:`SharedMemoryFull`, :class:`HandshakeError` (the other end
+        went away or broke the handshake), ``TimeoutError`` after
+        ``handshake_timeout``."""
+        check_options(spin_us, handshake_timeout, copy_out)
         slots = resolve_config(slots)
         sock = self._take()
         try:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(handshake_timeout):
                 pid = check_peer(sock)
                 transport = await drive_async(self._handshake(sock, pid, slots), sock)
         except BaseException:
             sock.close()
             raise
+        receiving(transport, copy_out)
         name = f"pair:{self._role}"
         return Channel(Endpoint(transport, type=type, spin_us=spin_us, name=name))
 
@@ -150,20 +160,22 @@ class PairEnd:
         *,
         type: Any = Any,
         spin_us: float = DEFAULT_SPIN_US,
-        timeout: float = DEFAULT_PAIR_TIMEOUT,
+        handshake_timeout: float = DEFAULT_PAIR_TIMEOUT,
         slots: SlotConfig | None = DEFAULT_SLOTS,
+        copy_out: bool = False,
     ) -> SyncChannel:
-        """Blocking :meth:`connect`."""
-        check_options(spin_us, timeout)
+        """Blocking :meth:`connect` (the same keywords, the same exceptions)."""
+        check_options(spin_us, handshake_timeout, copy_out)
         slots = resolve_config(slots)
         sock = self._take()
         try:
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + handshake_timeout
             pid = check_peer(sock)
             transport = drive_sync(self._handshake(sock, pid, slots), sock, deadline)
         except BaseException:
             sock.close()
             raise
+        receiving(transport, copy_out)
         name = f"pair:{self._role}"
         return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=name))
 
@@ -192,6 +204,9 @@ def pair(*, capacity: int = DEFAULT_CAPACITY) -> tuple[PairEnd, PairEnd]:
 
     The first end creates the rings (its process must be able to reserve ``2 x
     capacity`` bytes of ``/dev/shm``); both ends must connect for either to finish.
+    Each end's connect takes the keywords of :func:`connect` (``copy_out`` too: each
+    end chooses for itself).  Raises ``ValueError`` for a ``capacity`` that is not a
+    power of two in range, ``OSError`` if no socket pair can be made.
     """
     validate_capacity(capacity)
     s1, s2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -29,7 +29,7 @@ from . import waits
 from .driving import EndpointFacade, ReceiptBase, warn_held
 from .endpoint import EMPTY, UNSET, Endpoint
 
-__all__ = ["SyncChannel", "SyncReceipt", "SyncWaker"]
+__all__ = ["SyncChannel", "SyncReceipt", "SyncWaker", "receive_turn"]
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -387,3 +387,9 @@ class SyncChannel(EndpointFacade):
         core = getattr(self, "_core", None)
         if core is not None:
             core.abandon(self)
+
+
+def receive_turn(chan: SyncChannel) -> threading.Lock:
+    """The lock a receiver of ``chan`` holds (a :class:`~ringwire.SyncListener`'s
+    fan-in takes it too, so that a connection has one reader at a time)."""
+    return chan._recv_lock  # noqa: SLF001 (this module's own class)

@@ -151,8 +151,8 @@ def _make_transport(
         send = None
         if slots is not None:
             send = NetSendPool(slots, t.releases, peer_capacity // 2 - 1024)
-        copy = slots.copy_out if slots is not None else False
-        return send, NetRecvPool(t, copy), NetEncoder()
+        # (copy_out is set on the receive pool by whoever makes the endpoint)
+        return send, NetRecvPool(t, False), NetEncoder()
 
     t = NetTransport(
         sock,

@@ -5,7 +5,7 @@ Sending
 :class:`NixlSendPool` is the ZeroMQ pool (:class:`~ringwire._net.pools.NetSendPool`)
 whose buffers come from the connection's send arena: the same budget, policies,
 loans, releases and receipts.  Once the peer's note said it reads through NIXL, a
-placed array is referenced by an Ext 21 (:class:`~ringwire.NixlRef`) naming an
+placed array is referenced by an Ext 21 (:class:`~ringwire.wire.NixlRef`) naming an
 *entry* of the message's transfer list instead of a frame; the message is
 ``[record, *frames, transfer list, b""]`` -- the empty last frame marks it (a frame
 of an array is never empty on such a connection: an empty one is followed by an
@@ -140,7 +140,7 @@ def nixl_pools(
     send = None
     if slots is not None:
         send = NixlSendPool(slots, t.releases, peer_capacity // 2 - 1024, link)
-    recv = NixlRecvPool(t, slots.copy_out if slots is not None else False, link)
+    recv = NixlRecvPool(t, False, link)  # (copy_out: set by whoever makes the endpoint)
     t.holder = link
     return send, recv, NixlEncoder()
 
@@ -666,13 +666,13 @@ class NixlRecvPool(NetRecvPool):
             return self._cuda_view(ref, region, offset, mirror)
         base = mirror.host_view(offset, nbytes)
         if ref.kind == KIND_NUMPY:
-            if self._copy_out:
+            if self.copy_out:
                 base = base.copy()
                 self._release_now(ref, region, offset)
             else:
                 self._hold(base, ref, region, offset)
             out = base.view(numpy_dtype_from_wire(ref.dtype)).reshape(ref.shape)
-            if not self._copy_out:
+            if not self.copy_out:
                 out.flags.writeable = False
             return out
         torch = torch_module()
@@ -688,7 +688,7 @@ class NixlRecvPool(NetRecvPool):
             self.cuda_received += 1
             self._release_now(ref, region, offset)
             return tensor
-        if self._copy_out:
+        if self.copy_out:
             base = base.copy()
             self._release_now(ref, region, offset)
         else:
@@ -703,7 +703,7 @@ class NixlRecvPool(NetRecvPool):
         tdtype = torch_dtype_from_wire(ref.dtype)
         tensor, span = backend.view(mirror.memory, offset, ref.nbytes, tdtype, ref.shape)
         self.cuda_received += 1
-        if self._copy_out:
+        if self.copy_out:
             tensor = tensor.clone()
             self._release_now(ref, region, offset)
             return tensor

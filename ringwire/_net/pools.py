@@ -6,7 +6,7 @@ The endpoint encodes every record with :class:`NetEncoder` and a :class:`NetPlac
 from :meth:`NetSendPool.placement`.  A numpy array or CPU torch tensor of at least
 ``SlotConfig.threshold`` bytes is copied once into a buffer of the pool (a loan is
 used as it is: no copy at all) and referenced from the record by an Ext 20
-(:class:`~ringwire.NetRef`: the frame index, the buffer's tag and generation, shape,
+(:class:`~ringwire.wire.NetRef`: the frame index, the buffer's tag and generation, shape,
 dtype); the encoder returns the record as a :class:`Framed` payload that carries those
 buffers, and the writer sends them as zero-copy ZeroMQ frames after the record in one
 message.  A CUDA tensor is staged through host memory (``.cpu()``) and its device
@@ -473,7 +473,7 @@ class NetRecvPool:
 
     def __init__(self, transport: Any, copy_out: bool) -> None:
         self._t = transport
-        self._copy_out = copy_out
+        self.copy_out = copy_out
         self.queue = ReleaseQueue(self._sink, max_batch=4096)
         self.held: dict[int, int] = {}  # tag -> generation of every live view
         self._used: set[int] = set()  # frame indexes of the record being decoded
@@ -519,7 +519,7 @@ class NetRecvPool:
         base = np.frombuffer(mv, np.uint8)
         addr = int(base.__array_interface__["data"][0]) if ref.nbytes else 0
         self.received += 1
-        if self._copy_out or addr % align or ref.device:
+        if self.copy_out or addr % align or ref.device:
             if addr % align:
                 self.copied_misaligned += 1
             base = base.copy()
@@ -531,7 +531,7 @@ class NetRecvPool:
             HELD[addr] = fin
         if ref.kind == KIND_NUMPY:
             out = base.view(dtype).reshape(ref.shape)
-            if not self._copy_out:
+            if not self.copy_out:
                 out.flags.writeable = False
             return out
         tensor = torch.from_numpy(base).view(tdtype).reshape(ref.shape)

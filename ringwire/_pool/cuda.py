@@ -1,7 +1,7 @@
 """CUDA tensors by reference (Ext 5): a GPU slot pool per (producer, device).
 
 A CUDA tensor at or above ``SlotConfig.cuda_threshold`` bytes travels as a
-:class:`~ringwire.CudaRef` naming a byte range in the producer's *GPU pool* for that
+:class:`~ringwire.wire.CudaRef` naming a byte range in the producer's *GPU pool* for that
 device: one block of device memory of its own, allocated the first time a tensor of
 that device is sent on the connection (or taken from the blocks earlier connections of
 this process gave back) and exported (``cudaIpcGetMemHandle``, through torch) once per

@@ -10,7 +10,7 @@ allocates.  One pool segment is::
     pool_size(...)      ring_size(RELEASE_CAPACITY)  consumer     release lane (:mod:`.._wire.ring`)
 
 The pool comes first so that the offsets in its slot table, and in every
-:class:`~ringwire.SlotRef`, are offsets into the segment itself.  The release lane is
+:class:`~ringwire.wire.SlotRef`, are offsets into the segment itself.  The release lane is
 an ordinary SPSC ring whose frames are packed ``(slot u64, generation u64)`` pairs,
 written by the consumer and read by the producer.
 
@@ -100,13 +100,12 @@ class SlotConfig:
     ``wait_timeout``
         policy ``"wait"`` waits at most this many seconds (default 30; ``None`` =
         forever; async waits are also cancellable), then raises
-        :class:`SlotsExhausted`.  A wait longer than a second logs one warning per
+        :class:`SlotWaitTimeout` (a :class:`SlotsExhausted` and a
+        :class:`TimeoutError`).  A wait longer than a second logs one warning per
         connection naming the pool and how many of its slots the peer holds: a
         receiver that keeps every array it got (a list of received tensors) starves
-        the sender, and should release them or keep ``copy_out()`` copies.
-    ``copy_out``
-        the *receiving* side's choice: copy every received slot array into private
-        memory and release the slot at once (no finalizers; arrays are writable).
+        the sender, and should release them, keep ``copy_out()`` copies, or connect
+        with ``copy_out=True``.
     ``cuda``
         what to do with CUDA tensors of at least ``cuda_threshold`` bytes: ``"ipc"``
         sends them by reference into this side's GPU pool for their device (Ext 5; the
@@ -117,6 +116,11 @@ class SlotConfig:
     ``cuda_classes``
         the slot classes of each GPU pool (allocated on the device the first time a
         tensor of that device is sent; default 16 x 1 MiB, 8 x 16 MiB, 2 x 128 MiB).
+
+    Copying received arrays into private memory is the *receiving* side's choice, not
+    part of this (send pool) configuration: the ``copy_out=`` keyword of
+    :func:`~ringwire.connect`, :func:`~ringwire.listen`, :meth:`PairEnd.connect
+    <ringwire.PairEnd.connect>` and :func:`~ringwire.subscribe`.
     """
 
     classes: tuple[SlotClass, ...] = (
@@ -126,7 +130,6 @@ class SlotConfig:
     )
     threshold: int = 64 * _KiB
     policy: Policy = "wait"
-    copy_out: bool = False
     wait_timeout: float | None = 30.0
     cuda: Literal["ipc", "stage"] = "ipc"
     cuda_threshold: int = 64 * _KiB

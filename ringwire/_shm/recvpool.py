@@ -21,8 +21,9 @@ rings the producer's doorbell if the producer is parked on that lane.
 
 torch has no read-only tensors: a received tensor is writable, and a write changes
 only the slot the consumer was lent (the producer never reads it back).  numpy arrays
-are read-only; set ``copy_out=True`` (or call :func:`copy_out`) for private,
-writable copies.
+are read-only; connect with ``copy_out=True`` (the receiving side's keyword, which
+sets :attr:`RecvPool.copy_out` before the first record) or call :func:`copy_out` for
+private, writable copies.
 
 Finalizer safety (the argument)
 -------------------------------
@@ -126,7 +127,7 @@ class ShmRecvPool:
         self.layout = layout
         self._buf: Any = seg.buf
         self._bell = bell
-        self._copy_out = copy_out
+        self.copy_out = copy_out
         lane = layout.total_size if lane_offset is None else lane_offset
         self._writer = ReleaseLaneWriter(seg.buf, lane)
         self.queue = ReleaseQueue(self._sink, max_batch=self._writer.max_payload // 16)
@@ -175,7 +176,7 @@ class ShmRecvPool:
             self.queue.push(slot, gen)  # valid, but we cannot use it: give it back now
             raise
         self.received += 1
-        if self._copy_out:
+        if self.copy_out:
             base = base.copy()
             self.queue.push(slot, gen)
         else:
@@ -186,7 +187,7 @@ class ShmRecvPool:
             HELD[addr] = fin
         if ref.kind == KIND_NUMPY:
             out = base.view(dtype).reshape(ref.shape)
-            if not self._copy_out:
+            if not self.copy_out:
                 out.flags.writeable = False
             return out
         return torch.from_numpy(base).view(tdtype).reshape(ref.shape)
@@ -257,7 +258,7 @@ class ShmRecvPool:
         self.cuda_received += 1
         releaser = self._cuda_releaser
         assert releaser is not None
-        if self._copy_out:
+        if self.copy_out:
             out = tensor.clone()
             del tensor, keep
             releaser.put(tag, ref.generation, backend.release_event(stream), device)

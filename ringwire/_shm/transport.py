@@ -65,8 +65,9 @@ class ShmTransport(ControlSocketEnd):
             self.send_pool = ShmSendPool(seg, layout, config, max_inline)
         if peer_pool is not None:
             seg, layout = peer_pool
-            copy = own_pool[2].copy_out if own_pool is not None else False
-            self.recv_pool = ShmRecvPool(seg, layout, self._release_bell, copy)
+            # (copy_out is the receiving endpoint's option: whoever makes the endpoint
+            # sets recv_pool.copy_out before the first record, see _conn/connect.py)
+            self.recv_pool = ShmRecvPool(seg, layout, self._release_bell, False)
 
     def close(self) -> None:
         self.shutdown()

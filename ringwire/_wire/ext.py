@@ -9,8 +9,8 @@ code   meaning                       payload
 1      ``array.array``               buffer layout; metadata = typecode
 2      ``torch.Tensor`` inline copy  buffer layout; metadata = [shape, dtype name, device]
 3      ``numpy.ndarray`` inline copy buffer layout; metadata = [shape, dtype.str]
-4      SHM slot reference            msgpack :class:`ringwire.SlotRef` (versioned)
-5      CUDA IPC reference            msgpack :class:`ringwire.CudaRef` (versioned)
+4      SHM slot reference            msgpack :class:`ringwire.wire.SlotRef` (versioned)
+5      CUDA IPC reference            msgpack :class:`ringwire.wire.CudaRef` (versioned)
 6      ``tuple``                     msgpack array of the items (each encoded again)
 7      ``torch.Size``                msgpack array of ints
 8      ``torch.dtype``               msgpack str, the name without ``torch.``
@@ -25,10 +25,10 @@ code   meaning                       payload
 17     ``datetime.timedelta``        msgpack [days, seconds, microseconds]
 18     ``uuid.UUID``                 msgpack bin, the 16 bytes
 19     ``decimal.Decimal``           msgpack str, ``str(value)``
-20     network tensor reference      msgpack :class:`ringwire.NetRef` (versioned): an array
+20     network tensor reference      msgpack :class:`ringwire.wire.NetRef` (versioned): an array
                                      that travels as a frame of its own beside the record
                                      (TCP connections, :mod:`ringwire._net`)
-21     NIXL tensor reference         msgpack :class:`ringwire.NixlRef` (versioned): an array
+21     NIXL tensor reference         msgpack :class:`ringwire.wire.NixlRef` (versioned): an array
                                      the receiver reads through NIXL from the sender's
                                      registered memory (:mod:`ringwire._net.nixl`)
 =====  ============================  =====================================================

@@ -714,14 +714,14 @@ async def server_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode
                         side = SyncSide(
                             await anyio.to_thread.run_sync(
                                 lambda: ringwire.connect_sync(
-                                    path, slots=slots, spin_us=spin_us, timeout=HANG_S
+                                    path, slots=slots, spin_us=spin_us, handshake_timeout=HANG_S
                                 )
                             )
                         )
                     else:
                         side = AsyncSide(
                             await ringwire.connect(
-                                path, slots=slots, spin_us=spin_us, timeout=HANG_S
+                                path, slots=slots, spin_us=spin_us, handshake_timeout=HANG_S
                             )
                         )
                 except (ringwire.HandshakeError, OSError) as exc:
@@ -810,7 +810,7 @@ async def handshake_round(h: Harness, v: Victim, r: Round, rng: random.Random, m
                 with contextlib.suppress(TimeoutError):
                     sch = await anyio.to_thread.run_sync(h.sync_lst.accept, 0.05)
                     side = SyncSide(sch)
-                refused = h.sync_lst.refused
+                refused = h.sync_lst.statistics().refused
             else:
                 with anyio.move_on_after(0.05):
                     side = AsyncSide(await h.lst.accept())

@@ -83,7 +83,7 @@ def _run(tmp_path: Path, backend: str, transport: str, long: bool) -> None:
 
         def counted(pool: Any, *args: Any) -> Any:
             ref = refer(pool, *args)
-            sent[0] += isinstance(ref, ringwire.NixlRef)
+            sent[0] += isinstance(ref, ringwire.wire.NixlRef)
             return ref
 
         with mock.patch.object(nixlpools.NixlSendPool, "_refer", counted):
@@ -361,8 +361,9 @@ SHM_FULL_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import numpy as np
     import ringwire
-    from ringwire import SharedMemoryFull, SlotClass, SlotConfig
+    from ringwire import SharedMemoryFull, SlotConfig
     from ringwire._pool.segment import Segment
+    from ringwire.wire import SlotClass
     from chaos.workers import CHAOS_SLOTS, check_record, make_record
 
     SHM = "/dev/shm"
@@ -373,13 +374,13 @@ SHM_FULL_SCRIPT = textwrap.dedent(
         out, err = [], []
         def other():
             try:
-                out.append(b.connect_sync(slots=slots_b, timeout=10))
+                out.append(b.connect_sync(slots=slots_b, handshake_timeout=10))
             except BaseException as exc:
                 err.append(exc)
         t = threading.Thread(target=other)
         t.start()
         try:
-            ca = a.connect_sync(slots=slots_a, timeout=10)
+            ca = a.connect_sync(slots=slots_a, handshake_timeout=10)
         except BaseException:
             t.join()
             raise
@@ -454,7 +455,7 @@ SHM_FULL_SCRIPT = textwrap.dedent(
         errors = []
         def dial():
             try:
-                ringwire.connect_sync(path, slots=None, capacity=1 << 14, timeout=5).close()
+                ringwire.connect_sync(path, slots=None, capacity=1 << 14, handshake_timeout=5).close()
             except ringwire.HandshakeError as exc:
                 errors.append(str(exc))
         t = threading.Thread(target=dial)
@@ -557,7 +558,7 @@ def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path
         assert os.path.exists("/dev/shm" + name)
         with pytest.raises(TimeoutError):
             sl.accept(timeout=1.0)  # refuses it, sweeps, waits on
-        assert sl.refused == 1
+        assert sl.statistics().refused == 1
         assert not os.path.exists("/dev/shm" + name)
         proc.communicate()
 

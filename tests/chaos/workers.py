@@ -36,7 +36,8 @@ import anyio
 import numpy as np
 
 import ringwire
-from ringwire import SlotClass, SlotConfig
+from ringwire import SlotConfig
+from ringwire.wire import SlotClass
 
 KiB = 1 << 10
 
@@ -224,7 +225,7 @@ async def _connect(cfg: dict[str, Any]) -> ringwire.Channel:
         capacity=cfg.get("capacity", ringwire.DEFAULT_CAPACITY),
         spin_us=cfg.get("spin_us", 50),
         slots=slots_from(cfg),
-        timeout=10,
+        handshake_timeout=10,
     )
     point("connected")
     return ch
@@ -352,7 +353,7 @@ def role_consumer_sync(cfg: dict[str, Any]) -> None:
         capacity=cfg.get("capacity", ringwire.DEFAULT_CAPACITY),
         spin_us=cfg.get("spin_us", 50),
         slots=slots_from(cfg),
-        timeout=10,
+        handshake_timeout=10,
     )
     point("connected")
     held: deque[Any] = deque()

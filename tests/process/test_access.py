@@ -56,7 +56,7 @@ def _child_checks(path: str, name: str, size: int) -> dict[str, Any]:
     finally:
         s.close()
     try:
-        connect_sync(path, timeout=5, slots=None).close()
+        connect_sync(path, handshake_timeout=5, slots=None).close()
         out["connect"] = "connected"
     except Exception as exc:
         out["connect"] = err(exc)

@@ -226,7 +226,7 @@ async def test_kill_9_of_the_server_fails_every_pending_call_at_once(anyio_backe
 def test_sync_client_with_a_blocking_server_in_another_process() -> None:
     a, b = ringwire.pair()
     with spawned(child_blocking_server, b) as proc:
-        chan = a.connect_sync(timeout=30)
+        chan = a.connect_sync(handshake_timeout=30)
         with SyncClient(chan) as client:
             out: dict[int, Any] = {}
 

@@ -75,7 +75,7 @@ url, secret, server = sys.argv[1:4]
 keys = ringwire.ClientKeys(secret=secret, server=server)
 t0 = time.monotonic()
 try:
-    ch = ringwire.connect_sync(url, keys=keys, timeout=30)
+    ch = ringwire.connect_sync(url, keys=keys, handshake_timeout=30)
 except ringwire.PeerCredentialsError as exc:
     print(json.dumps({"refused": str(exc), "after": time.monotonic() - t0}), flush=True)
     raise SystemExit(0)
@@ -159,7 +159,7 @@ with ringwire.SyncListener(f"tcp://{sys.argv[1]}:0", keys=keys) as lst:
         lst.accept(timeout=5)  # the refused client's refusal is logged meanwhile
     except TimeoutError:
         pass
-    say(refused=lst.refused)
+    say(refused=lst.statistics().refused)
     ch.close()
 """
 

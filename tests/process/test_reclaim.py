@@ -16,7 +16,7 @@ pytestmark = pytest.mark.multiprocess
 
 
 def consumer_keeps_arrays_then_closes(end: ringwire.PairEnd, n: int, fail: bool) -> None:
-    chan = end.connect_sync(timeout=30)
+    chan = end.connect_sync(handshake_timeout=30)
     kept = [chan.receive(timeout=30) for _ in range(n)]  # alive views: slots held
     assert all(k.nbytes == 1 << 20 for k in kept)
     if fail:  # leave through an exception, as the reported case did
@@ -34,7 +34,7 @@ def test_slots_of_a_consumer_that_closed_and_exited_are_free_at_once(fail: bool)
     a, b = ringwire.pair()
     n = 8
     with spawned(consumer_keeps_arrays_then_closes, b, n, fail) as proc:
-        chan = a.connect_sync(timeout=30)
+        chan = a.connect_sync(handshake_timeout=30)
         try:
             for i in range(n):
                 chan.send(np.full(1 << 18, i, dtype=np.float32), timeout=30)

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import ringwire
-from ringwire import SlotClass, SlotConfig, runtime
+from ringwire import SlotConfig, runtime
+from ringwire.wire import SlotClass
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -290,7 +291,8 @@ SCRIPT = textwrap.dedent(
     """
     import os, sys, anyio
     sys.path.insert(0, {tests!r})
-    from ringwire import SlotClass, SlotConfig, runtime
+    from ringwire import SlotConfig, runtime
+    from ringwire.wire import SlotClass
 
     SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4),))
 
@@ -387,7 +389,8 @@ KILLED_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     os.environ["RINGWIRE_TEST_IMPORT_DELAY"] = "{import_delay}"
     from multiprocessing import util
-    from ringwire import SlotClass, SlotConfig, runtime
+    from ringwire import SlotConfig, runtime
+    from ringwire.wire import SlotClass
 
     SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4),))
     spawn = util.spawnv_passfds

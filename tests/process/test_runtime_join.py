@@ -20,7 +20,8 @@ import anyio
 import numpy as np
 import pytest
 
-from ringwire import SlotClass, SlotConfig, runtime
+from ringwire import SlotConfig, runtime
+from ringwire.wire import SlotClass
 
 pytest.importorskip("zmq")
 

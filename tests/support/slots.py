@@ -19,14 +19,19 @@ POOL = SlotConfig(classes=(SlotClass(64 * KiB, 4), SlotClass(1 * MiB, 2)), thres
 
 
 async def apair(
-    a_slots: SlotConfig | None = POOL, b_slots: SlotConfig | None = POOL, **kw: Any
+    a_slots: SlotConfig | None = POOL,
+    b_slots: SlotConfig | None = POOL,
+    *,
+    b_copy_out: bool = False,
+    **kw: Any,
 ) -> tuple[Channel, Channel]:
+    """``b_copy_out``: the second end copies what it receives (``copy_out=True``)."""
     a, b = pair(**{k: v for k, v in kw.items() if k == "capacity"})
     opts = {k: v for k, v in kw.items() if k != "capacity"}
     out: dict[str, Channel] = {}
 
     async def conn_b() -> None:
-        out["b"] = await b.connect(slots=b_slots, **opts)
+        out["b"] = await b.connect(slots=b_slots, copy_out=b_copy_out, **opts)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(conn_b)

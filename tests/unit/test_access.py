@@ -35,8 +35,9 @@ from support.access import NOBODY, mode_of, root_only
 
 import ringwire
 from ringwire._conn.connect import connect, connect_sync
-from ringwire._conn.listener import SyncListener, listen
+from ringwire._conn.listener import listen
 from ringwire._conn.pair import pair
+from ringwire._conn.sync_listener import SyncListener
 from ringwire._errors import SegmentError
 from ringwire._pool.segment import SHM_DIR, Segment
 from ringwire._pool.slotconfig import SlotConfig, create_pool
@@ -84,9 +85,11 @@ def test_segments_are_0600_whatever_the_umask(mask: int, monkeypatch: pytest.Mon
             s.close()
         a, b = pair()
         out: list[Any] = []
-        t = threading.Thread(target=lambda: out.append(b.connect_sync(slots=POOL, timeout=10)))
+        t = threading.Thread(
+            target=lambda: out.append(b.connect_sync(slots=POOL, handshake_timeout=10))
+        )
         t.start()
-        ca = a.connect_sync(slots=POOL, timeout=10)
+        ca = a.connect_sync(slots=POOL, handshake_timeout=10)
         t.join()
         with ca, out[0]:
             ca.send(np.arange(1000))
@@ -174,7 +177,7 @@ def test_sync_listener_refuses_another_uid_by_peer_credentials(
 
         def client() -> None:
             try:
-                connect_sync(path, timeout=5, slots=None).close()
+                connect_sync(path, handshake_timeout=5, slots=None).close()
             except BaseException as exc:
                 errors.append(exc)
 
@@ -183,9 +186,15 @@ def test_sync_listener_refuses_another_uid_by_peer_credentials(
         with pytest.raises(TimeoutError):
             sl.accept(timeout=0.5)
         t.join()
-        assert sl.refused == 1 and errors and isinstance(errors[0], ringwire.RingwireError)
+        assert (
+            sl.statistics().refused == 1
+            and errors
+            and isinstance(errors[0], ringwire.RingwireError)
+        )
         stranger["on"] = False
-        t = threading.Thread(target=lambda: connect_sync(path, timeout=5, slots=None).close())
+        t = threading.Thread(
+            target=lambda: connect_sync(path, handshake_timeout=5, slots=None).close()
+        )
         t.start()
         sl.accept(timeout=5).close()
         t.join()

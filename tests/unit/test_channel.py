@@ -23,13 +23,15 @@ from support.channel import (
     shm_names,
     small_slot_pools,  # noqa: F401  (an autouse fixture)
 )
+from support.slots import POOL
 
 from ringwire._conn.async_channel import Channel
 from ringwire._conn.connect import connect, connect_sync
-from ringwire._conn.listener import SyncListener, listen
+from ringwire._conn.listener import listen
 from ringwire._conn.pair import pair
 from ringwire._conn.statistics import ChannelStatistics
 from ringwire._conn.sync_channel import SyncChannel
+from ringwire._conn.sync_listener import SyncListener, listen_sync
 from ringwire._errors import (
     DecodeError,
     FrameTooLarge,
@@ -775,7 +777,7 @@ async def test_listener_refuses_other_uid(tmp_path, monkeypatch):
     path = tmp_path / "u.sock"
     async with listen(path) as lst:
         with pytest.raises(HandshakeError):
-            await connect(path, timeout=2)
+            await connect(path, handshake_timeout=2)
         assert lst.statistics().refused == 1
 
 
@@ -1054,6 +1056,270 @@ def test_sync_listener(tmp_path):
         lst.accept()
 
 
+def _connect_in_threads(path: Any, n: int, **kw: Any) -> list[SyncChannel]:
+    """``n`` clients of ``path``, each connecting in a thread of its own (the listener
+    handshakes them when it accepts, or while its fan-in waits)."""
+    out: list[SyncChannel] = []
+    threads = [
+        threading.Thread(target=lambda: out.append(connect_sync(path, **kw))) for _ in range(n)
+    ]
+    for t in threads:
+        t.start()
+    return out, threads  # type: ignore[return-value]
+
+
+@BOTH
+def test_sync_listener_fan_in_is_fair_and_fifo(kind, tmp_path):
+    path = "tcp://127.0.0.1:0" if kind == "tcp" else tmp_path / "f.sock"
+    with listen_sync(path) as lst:
+        clients, threads = _connect_in_threads(lst.path, 3)
+        conns = [lst.accept(timeout=10) for _ in range(3)]
+        for t in threads:
+            t.join()
+        try:
+            assert set(lst.connections) == set(conns)
+            for k, c in enumerate(clients):
+                c.send_many([(k, i) for i in range(20)], timeout=5)
+            if kind == "tcp":
+                time.sleep(0.1)  # (delivered)
+            order = [lst.receive(timeout=5) for _ in range(60)]
+            recs = [r for _, r in order]
+            for k in range(3):  # FIFO per producer, one connection each
+                assert [i for kk, i in recs if kk == k] == list(range(20))
+                assert len({conn for conn, r in order if r[0] == k}) == 1
+            for j in range(0, 60, 3):  # round-robin: one from each per round
+                assert {kk for kk, _ in recs[j : j + 3]} == {0, 1, 2}
+            with pytest.raises(WouldBlock):
+                lst.receive_nowait()
+            with pytest.raises(TimeoutError):
+                lst.receive(timeout=0.05)
+            with pytest.raises(ValueError):
+                lst.receive_many(0)
+            for k, c in enumerate(clients):
+                c.send_many([(k, i) for i in range(100)], timeout=5)
+            if kind == "tcp":
+                time.sleep(0.1)
+            first = lst.receive_many(30, timeout=5)  # a share of 10 from each
+            assert sorted(Counter(r[0] for _, r in first).values()) == [10, 10, 10]
+            got = list(first)
+            while len(got) < 300:
+                got += lst.receive_many(64, timeout=5)
+            for k in range(3):  # nothing lost or repeated, in order
+                assert [r[1] for _, r in got if r[0] == k] == list(range(100))
+            clients[1].send("x", timeout=5)
+            conn, rec = lst.receive(timeout=5)
+            assert rec == "x" and conn in lst.connections
+            conn.send("reply", timeout=5)
+            assert clients[1].receive(timeout=5) == "reply"
+            stats = lst.statistics()
+            assert stats.open_connections == 3 and stats.accepted == 3 and stats.refused == 0
+        finally:
+            for c in clients:
+                c.close()
+        # the clients closed cleanly: the fan-in drops them (ended, not broken)
+        with pytest.raises(TimeoutError):
+            lst.receive(timeout=0.2)
+        stats = lst.statistics()
+        assert lst.connections == [] and stats.ended == 3 and stats.broken == 0, stats
+    with pytest.raises(ClosedResourceError):
+        lst.receive(timeout=1)
+    with pytest.raises(ClosedResourceError):
+        lst.receive_nowait()
+
+
+def test_sync_listener_fan_in_accepts_while_it_waits(tmp_path):
+    """A server that only iterates: the fan-in itself accepts the connections (no
+    accept() call anywhere), and accept() still hands each of them out."""
+    path = tmp_path / "i.sock"
+    echoes: dict[int, Any] = {}
+    clients: list[SyncChannel] = []
+
+    def client(i: int) -> None:
+        c = connect_sync(path)
+        clients.append(c)
+        c.send(i, timeout=5)
+        echoes[i] = c.receive(timeout=5)
+
+    with listen_sync(path, spin_us=0) as lst:
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        seen: list[Any] = []
+        for conn, rec in lst:
+            seen.append(rec)
+            conn.send({"echo": rec}, timeout=5)
+            if len(seen) == 2:
+                break
+        for t in threads:
+            t.join(5)
+        assert sorted(seen) == [0, 1] and echoes == {0: {"echo": 0}, 1: {"echo": 1}}
+        accepted = {lst.accept(timeout=1), lst.accept(timeout=1)}
+        assert accepted == set(lst.connections) and len(accepted) == 2
+        with pytest.raises(TimeoutError):
+            lst.accept(timeout=0.05)
+        for c in clients:
+            c.close()
+    assert not path.exists()
+
+
+def test_a_sync_fan_in_server_keeps_no_connection_that_went(tmp_path):
+    """A server that only reads the fan-in keeps none of the connections that came and
+    went: they leave the fan-in and the queue accept() hands out (the same for one it
+    accepted and its user closed)."""
+    path = tmp_path / "g.sock"
+
+    def client(i: int, box: list[SyncChannel]) -> None:
+        c = connect_sync(path)
+        c.send(i, timeout=5)
+        box.append(c)
+
+    with listen_sync(path, spin_us=0) as lst:
+        for i in range(5):
+            box: list[SyncChannel] = []
+            t = threading.Thread(target=client, args=(i, box))
+            t.start()
+            if i == 0:  # accepted, used and closed by its user
+                conn = lst.accept(timeout=5)
+                assert conn.receive(timeout=5) == i
+                conn.close()
+            else:  # the fan-in accepts it while it waits, and reads it
+                conn, rec = lst.receive(timeout=10)
+                assert rec == i
+            t.join(5)
+            box[0].close()
+            with pytest.raises(TimeoutError):
+                lst.receive(timeout=0.1)  # reads the end: the connection goes
+        stats = lst.statistics()
+        assert stats.accepted == 5 and stats.ended == 5 and stats.open_connections == 0, stats
+        assert lst.connections == []
+        with pytest.raises(TimeoutError):
+            lst.accept(timeout=0.05)  # none of them is handed out any more
+
+
+def test_sync_listener_fan_in_drops_a_dead_peer_and_wakes_on_close(tmp_path):
+    """A peer that dies while the fan-in waits wakes it (its hang-up is readable on
+    the descriptor it polls): the connection is dropped and counted as broken, the
+    wait goes on for the others; close() from another thread ends the wait."""
+    path = tmp_path / "d.sock"
+    with listen_sync(path, spin_us=0) as lst:
+        clients, threads = _connect_in_threads(path, 2)
+        conns = [lst.accept(timeout=10) for _ in range(2)]
+        for t in threads:
+            t.join()
+        doomed, survivor = clients
+        errors: list[BaseException] = []
+        got: list[Any] = []
+
+        def serve() -> None:
+            try:
+                for _conn, rec in lst:  # waits with no timeout
+                    got.append(rec)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        server = threading.Thread(target=serve)
+        server.start()
+        time.sleep(0.1)  # the server parks
+        doomed._core.transport.shutdown()  # as if its process died: a hang-up, no EOF
+        deadline = time.monotonic() + 5
+        while lst.statistics().broken == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lst.statistics().broken == 1 and len(lst.connections) == 1
+        # (the clients' threads finished in either order: which accepted end is whose?)
+        assert lst.connections == [c for c in conns if not c.closed]
+        survivor.send("still here", timeout=5)
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == ["still here"]
+        lst.close()  # from this thread, while the server waits in poll()
+        server.join(5)
+        assert not server.is_alive() and not errors
+        doomed.close()
+        survivor.close()
+
+
+@BOTH
+def test_sync_listener_close_wakes_accept_and_the_fan_in(kind, tmp_path):
+    """Threads blocked with no timeout in accept() and in the fan-in both wake when
+    another thread closes the listener (a closed socket alone wakes no poll())."""
+    path = "tcp://127.0.0.1:0" if kind == "tcp" else tmp_path / "w.sock"
+    lst = listen_sync(path)
+    ended: list[str] = []
+
+    def wait(name: str, fn: Any) -> None:
+        try:
+            fn()
+        except ClosedResourceError:
+            ended.append(name)
+
+    threads = [
+        threading.Thread(target=wait, args=("accept", lst.accept)),
+        threading.Thread(target=wait, args=("receive", lst.receive)),
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # both wait in poll()
+    assert not ended
+    lst.close()
+    for t in threads:
+        t.join(5)
+    assert sorted(ended) == ["accept", "receive"]
+    if kind == "shm":
+        assert not os.path.exists(path)
+
+
+@pytest.mark.anyio
+async def test_listener_close_is_synchronous(tmp_path):
+    path = tmp_path / "c.sock"
+    async with listen(path) as lst:
+        async with await connect(path) as c:
+            conn = await lst.accept()
+            lst.close()  # no await: callable from a synchronous callback
+            assert conn.closed and not path.exists()
+            with pytest.raises(ClosedResourceError):
+                await lst.receive()
+            with pytest.raises(ClosedResourceError):
+                await lst.accept()
+            with pytest.raises((EndOfStream, BrokenResourceError)):
+                await c.receive()
+        lst.close()  # twice: nothing
+
+
+@pytest.mark.anyio
+async def test_listeners_copy_out_on_every_accepted_connection(tmp_path):
+    """copy_out= of listen() / listen_sync() makes every accepted connection copy what
+    it receives, with no send pool of its own (slots=None)."""
+    path = tmp_path / "co.sock"
+    async with listen(path, slots=None, copy_out=True) as lst:
+        async with await connect(path, slots=POOL) as c:
+            conn = await lst.accept()
+            await c.send(np.ones(50_000))
+            _, x = await lst.receive()
+            assert x.flags.writeable and conn.statistics().slot_arrays_held == 0
+            assert conn.statistics().slot_arrays_received == 1
+            x[0] = 5  # private memory
+    spath = tmp_path / "cs.sock"
+    with listen_sync(spath, slots=None, copy_out=True) as slst:
+        clients, threads = _connect_in_threads(spath, 1, slots=POOL)
+        sconn = slst.accept(timeout=10)
+        threads[0].join()
+        with clients[0] as sc, sconn:
+            sc.send(np.ones(50_000), timeout=5)
+            _, y = slst.receive(timeout=5)
+            assert y.flags.writeable and sconn.statistics().slot_arrays_held == 0
+            assert sconn.statistics().slot_arrays_received == 1
+    path2 = tmp_path / "nc.sock"
+    async with listen(path2, slots=None) as lst2:  # the default: views of the slots
+        async with await connect(path2, slots=POOL) as c2:
+            await lst2.accept()
+            await c2.send(np.ones(50_000))
+            _, z = await lst2.receive()
+            assert not z.flags.writeable
+            assert lst2.connections[0].statistics().slot_arrays_held == 1
+            del z
+
+
 def test_pair_end_misuse():
     a, b = pair()
     try:
@@ -1069,7 +1335,7 @@ def test_pair_end_misuse():
         c, d = pair()
         d.close()
         try:
-            c.connect_sync(timeout=2)
+            c.connect_sync(handshake_timeout=2)
         finally:
             c.close()
 

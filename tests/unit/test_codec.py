@@ -24,20 +24,16 @@ from hypothesis.extra import numpy as hnp
 
 import ringwire
 from ringwire import (
-    CudaRef,
     DecodeError,
     Decoder,
     EncodeError,
     Encoder,
-    ExtCode,
-    NetRef,
-    NixlRef,
     Record,
     RingwireError,
     SGLangRecord,
     SGLangState,
-    SlotRef,
 )
+from ringwire.wire import CudaRef, ExtCode, NetRef, NixlRef, SlotRef
 
 enc = Encoder()
 dec = Decoder()

@@ -28,15 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import sglang_model as sg
 
-from ringwire import (
-    DecodeError,
-    Decoder,
-    EncodeError,
-    Encoder,
-    SGLangRecord,
-    SGLangState,
-    SlotRef,
-)
+from ringwire import DecodeError, Decoder, EncodeError, Encoder, SGLangRecord, SGLangState
+from ringwire.wire import SlotRef
 
 Ext = msgspec.msgpack.Ext
 

@@ -251,7 +251,7 @@ async def test_explicit_release_and_copy_out(fake) -> None:
         got = await b.receive()
         assert release(got) == 2
         await until(lambda: cuda_in_use(a) == 0)
-    c, d = await apair(GPU, SlotConfig(copy_out=True))
+    c, d = await apair(GPU, None, b_copy_out=True)
     async with c, d:
         await c.send(fake.tensor(torch.full((4096,), 3.0)))
         y = await d.receive()

@@ -206,7 +206,7 @@ def test_no_slot_pool_means_no_loans_and_a_clear_error_for_references() -> None:
     with pytest.raises(RingwireError, match="no slot pool") as info:
         a.require_pool()
     assert info.type is RingwireError
-    from ringwire import SlotRef
+    from ringwire.wire import SlotRef
 
     ref = SlotRef(
         version=1,

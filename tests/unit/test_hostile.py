@@ -33,8 +33,9 @@ import pytest
 from ringwire import DecodeError
 from ringwire._conn.async_channel import Channel
 from ringwire._conn.connect import connect, connect_sync
-from ringwire._conn.listener import Listener, SyncListener, listen
+from ringwire._conn.listener import Listener, listen
 from ringwire._conn.pair import pair
+from ringwire._conn.sync_listener import SyncListener
 from ringwire._errors import HandshakeError, ProtocolError, RingCorrupted, SlotRefused
 from ringwire._pool.segment import SHM_DIR, Segment
 from ringwire._pool.slotconfig import SlotConfig
@@ -793,7 +794,9 @@ def test_sync_listener_survives_hostile_handshakes(tmp_path: Any) -> None:
                 sk.sendall(data)
             socks.append(sk)
         out: list[Any] = []
-        t = threading.Thread(target=lambda: out.append(connect_sync(path, slots=POOL, timeout=10)))
+        t = threading.Thread(
+            target=lambda: out.append(connect_sync(path, slots=POOL, handshake_timeout=10))
+        )
         t.start()
         conn = sl.accept(timeout=10)  # the honest client, after every hostile one
         t.join()
@@ -802,7 +805,7 @@ def test_sync_listener_survives_hostile_handshakes(tmp_path: Any) -> None:
             assert conn.receive(timeout=5)[-1] == 9_999
         for sk in socks:
             sk.close()
-        assert sl.refused == len(quick)
+        assert sl.statistics().refused == len(quick)
     assert our_names() == before
 
 
@@ -856,7 +859,7 @@ async def test_client_facing_a_hostile_listener(behaviour: str, tmp_path: Any) -
         async with anyio.create_task_group() as tg:
             tg.start_soon(serve)
             with pytest.raises(HandshakeError):
-                await connect(path, slots=POOL, timeout=5)
+                await connect(path, slots=POOL, handshake_timeout=5)
     finally:
         lsock.close()
         os.unlink(path)

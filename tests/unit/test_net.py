@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from support.net import tcp_pair  # noqa: E402
 
 pytestmark = pytest.mark.anyio
-BIG = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 8),))  # an 8 MiB budget
+BIG = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, 8),))  # an 8 MiB budget
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ async def test_loan_is_sent_without_a_copy_and_only_once() -> None:
 
 
 async def test_budget_policies() -> None:
-    cfg = ringwire.SlotConfig(classes=(ringwire.SlotClass(64 << 10, 2),), policy="error")
+    cfg = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(64 << 10, 2),), policy="error")
     a, b = await tcp_pair(slots=cfg)
     async with a, b:
         x = np.ones(64 << 10, np.uint8)
@@ -151,9 +151,9 @@ async def test_bad_addresses_name_themselves() -> None:
     with pytest.raises(ValueError, match="port 70000"):
         await ringwire.connect("tcp://127.0.0.1:70000")
     with pytest.raises(OSError, match="does-not-exist.invalid"):
-        await ringwire.connect("tcp://does-not-exist.invalid:5555", timeout=2)
+        await ringwire.connect("tcp://does-not-exist.invalid:5555", handshake_timeout=2)
     with pytest.raises(ConnectionRefusedError, match="tcp://127.0.0.1:1"):
-        await ringwire.connect("tcp://127.0.0.1:1", timeout=5)
+        await ringwire.connect("tcp://127.0.0.1:1", handshake_timeout=5)
     with pytest.raises(ValueError, match="insecure=True"):
         ringwire.listen("tcp://0.0.0.0:0")
     with pytest.raises(ValueError, match="heartbeat"):
@@ -206,7 +206,7 @@ async def test_garbage_breaks_only_that_connection() -> None:
 async def test_forged_reference_is_a_decode_error() -> None:
     a, b = await tcp_pair()
     async with a, b:
-        forged = ringwire.NetRef(1, 99, 1, 3, 8, (2,), "<f4", "numpy")
+        forged = ringwire.wire.NetRef(1, 99, 1, 3, 8, (2,), "<f4", "numpy")
         await a.send({"x": forged})  # names frame 3 of a record that has none
         with pytest.raises(ringwire.DecodeError, match="frame 3"):
             await b.receive()

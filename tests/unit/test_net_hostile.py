@@ -53,7 +53,7 @@ from ringwire._wire.net_control import (  # noqa: E402
 pytestmark = pytest.mark.anyio
 LANE = 4096  # the raw peer's lane: the listener's receiving lane of its connection
 WAIT_MS = 5000
-SLOTS = ringwire.SlotConfig(classes=(ringwire.SlotClass(64 << 10, 4),), threshold=1024)
+SLOTS = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(64 << 10, 4),), threshold=1024)
 
 
 @pytest.fixture
@@ -637,7 +637,7 @@ async def test_a_listener_gone_during_the_handshake_is_seen_at_once(when: str) -
             tg.start_soon(anyio.to_thread.run_sync, rendezvous)
             t0 = time.monotonic()
             with pytest.raises(ringwire.HandshakeError, match="went away during the handshake"):
-                await ringwire.connect(f"tcp://127.0.0.1:{port}", timeout=10)
+                await ringwire.connect(f"tcp://127.0.0.1:{port}", handshake_timeout=10)
             assert time.monotonic() - t0 < 2
     finally:
         router.close(0)

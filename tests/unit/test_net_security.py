@@ -87,7 +87,7 @@ async def _exchange(client: ringwire.Channel, listener: ringwire.Listener) -> ri
 async def _refused_within_bound(url: str, keys: Any, match: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(ringwire.PeerCredentialsError, match=match) as info:
-        await ringwire.connect(url, keys=keys, timeout=30)
+        await ringwire.connect(url, keys=keys, handshake_timeout=30)
     assert time.monotonic() - t0 < REFUSAL_BOUND
     assert isinstance(info.value, ringwire.HandshakeError) and isinstance(
         info.value, PermissionError
@@ -158,7 +158,7 @@ async def test_a_refusal_quicker_than_the_hello_is_still_reported(
             t0 = time.monotonic()
             with pytest.raises(ringwire.PeerCredentialsError, match=match):
                 with anyio.fail_after(10):
-                    await ringwire.connect(lst.path, keys=k, timeout=5)
+                    await ringwire.connect(lst.path, keys=k, handshake_timeout=5)
             assert time.monotonic() - t0 < 0.3 + REFUSAL_BOUND
 
 
@@ -196,7 +196,7 @@ async def test_the_sync_api_connects_and_refuses(
 
         def clients() -> None:
             try:
-                ringwire.connect_sync(sl.path, keys=keys.unlisted, timeout=30)
+                ringwire.connect_sync(sl.path, keys=keys.unlisted, handshake_timeout=30)
             except ringwire.PeerCredentialsError as exc:
                 errors.append(exc)
             with ringwire.connect_sync(sl.path, keys=keys.client) as c:
@@ -214,7 +214,7 @@ async def test_the_sync_api_connects_and_refuses(
         finally:
             t.join(20)
         assert len(errors) == 1 and "refused this client's CURVE key" in str(errors[0])
-        assert sl.refused == 1 and "127.0.0.1" in _refusals(caplog)[0]
+        assert sl.statistics().refused == 1 and "127.0.0.1" in _refusals(caplog)[0]
     assert not _auth_threads()
 
 
@@ -501,7 +501,9 @@ def test_a_flood_of_failed_handshakes_stops_nothing(
             assert server_end.receive(timeout=5) == "still here"
         with pytest.raises(TimeoutError):
             sl.accept(timeout=0.5)  # takes the refusals: logged in a bounded number of lines
-        assert sl.refused >= 2900  # (a knock cut short can count as no handshake at all)
+        assert (
+            sl.statistics().refused >= 2900
+        )  # (a knock cut short can count as no handshake at all)
         assert len(_refusals(caplog)) <= 25 and "a flood" in _refusals(caplog)[-1]
 
 
@@ -528,11 +530,11 @@ def test_the_authenticator_answers_under_a_uvloop_policy(keys: Keys) -> None:
     try:
         with ringwire.SyncListener("tcp://127.0.0.1:0", keys=keys.server) as sl:
             with pytest.raises(ringwire.PeerCredentialsError, match="refused this client's"):
-                ringwire.connect_sync(sl.path, keys=keys.unlisted, timeout=5)
+                ringwire.connect_sync(sl.path, keys=keys.unlisted, handshake_timeout=5)
             out: list[ringwire.SyncChannel] = []
             t = threading.Thread(
                 target=lambda: out.append(
-                    ringwire.connect_sync(sl.path, keys=keys.client, timeout=5)
+                    ringwire.connect_sync(sl.path, keys=keys.client, handshake_timeout=5)
                 )
             )
             t.start()

@@ -15,7 +15,8 @@ import ringwire
     [
         ({"capacity": 1000}, "power of two"),
         ({"spin_us": -1}, "spin_us"),
-        ({"timeout": 0}, "timeout"),
+        ({"handshake_timeout": 0}, "handshake_timeout"),
+        ({"copy_out": "yes"}, "copy_out"),
         ({"slots": "many"}, "SlotConfig"),
     ],
 )

@@ -49,6 +49,31 @@ def test_public_names_are_curated_and_importable() -> None:
     assert not [n for n in ringwire.__all__ if n.startswith("_") and n != "__version__"]
 
 
+@pytest.mark.parametrize("module", ["ringwire", "ringwire.wire"])
+def test_all_is_sorted_unique_and_every_name_resolves(module: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(module)
+    names = list(mod.__all__)
+    assert names == sorted(names), [a for a, b in zip(names, sorted(names)) if a != b][:3]
+    assert len(names) == len(set(names))
+    ns: dict[str, object] = {}
+    exec(f"from {module} import *", ns)  # what a star import really gives
+    assert sorted(n for n in ns if n != "__builtins__") == sorted(names)
+    for name in names:
+        assert getattr(mod, name) is ns[name], name
+
+
+def test_wire_descriptors_live_in_ringwire_wire_only() -> None:
+    """The wire format's descriptors are not the application API: they are in
+    ringwire.wire, out of the top-level namespace."""
+    wire_names = {"CudaRef", "ExtCode", "NetRef", "NixlRef", "SlotClass", "SlotRef"}
+    assert set(ringwire.wire.__all__) == wire_names
+    assert not wire_names & set(ringwire.__all__)
+    assert not [n for n in wire_names if hasattr(ringwire, n)]
+    assert ringwire.wire.__doc__ and "wire" in ringwire.wire.__doc__
+
+
 def test_py_typed_is_shipped() -> None:
     assert (ROOT / "ringwire" / "py.typed").exists()
     assert (ROOT / "runtime" / "py.typed").exists()

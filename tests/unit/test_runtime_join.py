@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import ringwire
-from ringwire import SlotClass, SlotConfig, runtime
+from ringwire import SlotConfig, runtime
+from ringwire.wire import SlotClass
 
 pytest.importorskip("zmq")
 

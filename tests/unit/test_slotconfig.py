@@ -25,3 +25,16 @@ def test_a_slot_pool_that_does_not_fit_says_so(monkeypatch: pytest.MonkeyPatch) 
         create_pool(CHAOS_SLOTS)
     assert "tensor-slot pool (8 x 4 KiB, 4 x 64 KiB)" in str(info.value)
     assert "slots=None" in str(info.value)
+
+
+def test_copy_out_is_not_a_send_pool_setting() -> None:
+    """copy_out is the receiving side's keyword (connect, listen, pair ends,
+    subscribe), not a field of the send pool's configuration."""
+    import dataclasses
+    import inspect
+
+    assert "copy_out" not in {f.name for f in dataclasses.fields(ringwire.SlotConfig)}
+    with pytest.raises(TypeError, match="copy_out"):
+        ringwire.SlotConfig(copy_out=True)  # type: ignore[call-arg]
+    for fn in (ringwire.connect, ringwire.connect_sync, ringwire.listen, ringwire.listen_sync):
+        assert inspect.signature(fn).parameters["copy_out"].default is False, fn

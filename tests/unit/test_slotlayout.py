@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringwire import DecodeError, RingwireError, SlotRef
+from ringwire import DecodeError, RingwireError
 from ringwire._errors import SlotRefused
 from ringwire._wire.slotlayout import (
     FREE,
@@ -21,6 +21,7 @@ from ringwire._wire.slotlayout import (
     read_pool,
     slot_state,
 )
+from ringwire.wire import SlotRef
 
 CLASSES = [SlotClass(1 << 20, 2), SlotClass(100, 3), SlotClass(64 << 10, 4)]
 

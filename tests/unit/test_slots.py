@@ -31,6 +31,7 @@ from ringwire._errors import (
     RingwireError,
     SlotMisuse,
     SlotsExhausted,
+    SlotWaitTimeout,
 )
 from ringwire._pool.segment import Segment
 from ringwire._pool.slotconfig import DEFAULT_SLOTS, SlotConfig
@@ -583,9 +584,10 @@ async def test_explicit_release_borrow_and_copy_out():
 
 
 @pytest.mark.anyio
-async def test_copy_out_configuration_on_the_receiving_side():
-    copying = SlotConfig(classes=POOL.classes, threshold=POOL.threshold, copy_out=True)
-    a, b = await apair(POOL, copying)
+async def test_copy_out_is_the_receiving_sides_keyword():
+    # the receiver has no send pool of its own (slots=None): copy_out is its choice
+    # as a receiver all the same
+    a, b = await apair(POOL, None, b_copy_out=True)
     async with a, b:
         await a.send([np.ones(50_000), torch.ones(50_000)])
         x, t = await b.receive()
@@ -715,15 +717,19 @@ async def test_wait_timeout_and_impossible_records():
     cfg = SlotConfig(classes=(SlotClass(64 * KiB, 2),), threshold=1024, wait_timeout=0.05)
     a, b = await apair(cfg, cfg)
     async with a, b:
-        with pytest.raises(SlotsExhausted, match="more slots than the pool has"):
+        with pytest.raises(SlotsExhausted, match="more slots than the pool has") as futile:
             await a.send([np.ones(4000)] * 3)  # never fits, whatever is released
+        assert not isinstance(futile.value, TimeoutError)  # it did not wait
         assert in_use(a) == 0
         await a.send([np.ones(4000)] * 2)
         held = await b.receive()
         t0 = time.perf_counter()
-        with pytest.raises(SlotsExhausted, match="within 0.05 s"):
+        with pytest.raises(SlotWaitTimeout, match="within 0.05 s") as waited:
             await a.send(np.ones(4000))
         assert time.perf_counter() - t0 >= 0.04
+        # a wait that timed out is a TimeoutError, and still a SlotsExhausted
+        assert isinstance(waited.value, TimeoutError)
+        assert isinstance(waited.value, SlotsExhausted)
         del held
 
 
@@ -900,7 +906,7 @@ def test_handshake_refuses_a_malformed_pool():
         sock_a.setblocking(True)
         sock_a.sendall(encode_message(hello))
         with pytest.raises(HandshakeError, match="malformed slot pool") as info:
-            b.connect_sync(slots=POOL, timeout=5)
+            b.connect_sync(slots=POOL, handshake_timeout=5)
         assert info.type is HandshakeError
     finally:
         sock_a.close()
