@@ -31,6 +31,15 @@ reader that goes (death, leave, drop) gives up its share of every slot at once
 (:meth:`BroadcastPool.drop`), after the releases it had published are counted.  A
 record published with no reader at all frees its slots right away.
 
+To the writer's :class:`~ringwire._conn.endpoint.Endpoint` this is its send pool:
+it places, loans, aborts, answers ``can_allocate`` / ``futile`` / ``consumed`` as the
+``SendPool`` inside it does, and its :meth:`~BroadcastPool.poll` (run at the
+endpoint's safe points while :meth:`~BroadcastPool.has_work`) counts the readers'
+releases instead of reading one lane.  What it cannot do alone it hands to the hub:
+the ranks to ring for room in their lanes (:attr:`~BroadcastPool.ring_back`, rung by
+the hub's ``ring(DOORBELL_SPACE)``) and the readers whose releases were refused
+(``on_fault``: the hub retires them).
+
 Only the writer's thread touches this (the writer's lock serialises a blocking
 writer with its watcher thread); finalizers of dropped loans only append to the
 ``SendPool``'s deque, taken back at the next :meth:`BroadcastPool.poll`.
@@ -46,7 +55,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import RingCorrupted, SlotRefused
@@ -84,7 +93,43 @@ class BroadcastPool:
         self.faulty: list[int] = []  # ranks whose releases were refused
         self.shares_dropped = 0  # releases owed by readers that went
         self.releases = 0
+        self.ring_back: list[int] = []  # after poll(): ranks waiting for room in their lane
+        self.on_fault: Callable[[], None] | None = None  # after poll() found ``faulty`` ones
+        self.gone = False  # (a SendPool's "the consumer is gone": a broadcast outlives readers)
         self._parked = 0
+        self._closed = False
+
+    # -- the send pool's face (what the endpoint calls, as on a SendPool) ---------------
+
+    @property
+    def loans(self) -> set[int]:
+        return self.send.loans
+
+    @property
+    def loan_returns(self) -> Any:
+        return self.send.loan_returns
+
+    def placement(self, policy: str | None) -> Any:
+        return self.send.placement(policy)
+
+    def abort(self, placed: Placed) -> None:
+        self.send.abort(placed)
+
+    def can_allocate(self, nbytes: Any) -> bool:
+        return self.send.can_allocate(nbytes)
+
+    def futile(self, need: Any = 0) -> bool:
+        return self.send.futile(need)
+
+    def loan(self, *spec: Any) -> Any:
+        return self.send.loan(*spec)
+
+    def loan_fallback(self, *spec: Any) -> Any:
+        return self.send.loan_fallback(*spec)
+
+    def reclaim(self) -> int:
+        """(Nothing to reclaim at once: every reader gives up its shares as it goes.)"""
+        return 0
 
     # -- readers ----------------------------------------------------------------------
 
@@ -135,15 +180,20 @@ class BroadcastPool:
     # -- releases -----------------------------------------------------------------------
 
     def has_work(self) -> bool:
+        """Releases or dropped loans are waiting to be processed."""
         if self.send.loan_returns:
             return True
+        if not self.holders:
+            return False  # nothing to release (a lane with frames now is a faulty reader's)
         return any(lane.available() for lane in self.lanes.values())
 
-    def poll(self) -> list[int]:
+    def poll(self) -> bool:
         """Count every release the readers published (and take back dropped loans);
-        return the ranks that need a doorbell back (they wait for room in their lane).
-        A reader whose release is refused lands in :attr:`faulty`."""
-        ring_back: list[int] = []
+        ``True`` if some readers wait for room in their lane (listed in
+        :attr:`ring_back`: the caller rings them).  A reader whose release is refused
+        lands in :attr:`faulty`, and ``on_fault`` is called."""
+        ring_back = self.ring_back
+        ring_back.clear()
         for rank, lane in list(self.lanes.items()):
             try:
                 if self._poll_lane(rank, lane):
@@ -153,7 +203,9 @@ class BroadcastPool:
                 self.faulty.append(rank)
         if self.send.loan_returns:
             self.send.poll()  # only loans: nobody writes the SendPool's own lane
-        return ring_back
+        if self.faulty and self.on_fault is not None:
+            self.on_fault()
+        return bool(ring_back)
 
     def _poll_lane(self, rank: int, lane: RingReader) -> bool:
         bit = 1 << rank
@@ -249,6 +301,9 @@ class BroadcastPool:
     def close(self) -> None:
         """The writer closed: drop the lanes, close the pool (records already published
         stay resolvable for readers that have not read them, see ``SendPool.close``)."""
+        if self._closed:
+            return
+        self._closed = True
         for lane in self.lanes.values():
             lane.release()
         self.lanes.clear()

@@ -235,7 +235,7 @@ class BroadcastWriter(RingWriter):
     doorbells go to.  ``live`` lists the readers the space is kept for.
     """
 
-    __slots__ = ("_e", "readers", "live", "_seen", "_rungs", "to_ring", "faulty")
+    __slots__ = ("_e", "readers", "live", "_seen", "_rungs", "to_ring", "faulty", "on_faulty")
 
     def __init__(self, buf: Any, offset: int = 0) -> None:
         cap, n = read_broadcast_header(buf, offset)
@@ -247,6 +247,7 @@ class BroadcastWriter(RingWriter):
         self._rungs = [0] * n  # the park of each reader last rung for
         self.to_ring: list[int] = []  # after reader_needs_doorbell(): whom to ring
         self.faulty: list[int] = []  # readers dropped from ``live`` for a bad head
+        self.on_faulty: Any = None  # called (no arguments) when a reader lands in ``faulty``
 
     def release(self) -> None:
         super().release()
@@ -319,9 +320,12 @@ class BroadcastWriter(RingWriter):
             seen[r] = h
             if h < lo:
                 lo = h
-        for r in bad:
-            self.live.remove(r)
-            self.faulty.append(r)
+        if bad:
+            for r in bad:
+                self.live.remove(r)
+                self.faulty.append(r)
+            if self.on_faulty is not None:
+                self.on_faulty()
         if lo != self._head_cache:
             self._head_cache = lo
             self._q[_HEAD] = lo  # the horizon: stored before any byte of the freed space
