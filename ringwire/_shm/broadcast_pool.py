@@ -99,6 +99,10 @@ class BroadcastPool:
         self._parked = 0
         self._closed = False
 
+        # the send pool's own, on the send path of every record (no frame of ours)
+        self.placement: Callable[[str | None], Any] = self.send.placement
+        self.abort: Callable[[Placed], None] = self.send.abort
+
     # -- the send pool's face (what the endpoint calls, as on a SendPool) ---------------
 
     @property
@@ -108,12 +112,6 @@ class BroadcastPool:
     @property
     def loan_returns(self) -> Any:
         return self.send.loan_returns
-
-    def placement(self, policy: str | None) -> Any:
-        return self.send.placement(policy)
-
-    def abort(self, placed: Placed) -> None:
-        self.send.abort(placed)
 
     def can_allocate(self, nbytes: Any) -> bool:
         return self.send.can_allocate(nbytes)

@@ -86,8 +86,11 @@ on its own flag; every reader, after it moves its head, fences, loads the
 writer-parked word and rings if that park was not rung by it yet (each reader keeps
 its own memory of the park it rang for; a spurious doorbell is harmless).
 
-Everything here is arithmetic over a buffer; the sockets, segments and waiting are
-in :mod:`ringwire._shm.broadcast` and :mod:`ringwire._conn.broadcast`.
+Everything here is arithmetic over a buffer; the sockets and segments are in
+:mod:`ringwire._shm.broadcast`, the writer's endpoint in :mod:`ringwire._conn.broadcast`,
+and the waiting in the channels' loops (:mod:`ringwire._conn.waits`): to them
+:class:`BroadcastWriter` is a lane writer like any other, plus ``live``,
+:meth:`~BroadcastWriter.laggards` (who a stalled writer waits for) and ``faulty``.
 """
 
 from __future__ import annotations
