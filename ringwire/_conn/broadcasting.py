@@ -27,6 +27,7 @@ import math
 import os
 import select
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -41,7 +42,7 @@ from .broadcast import LOSS_POLICIES, BroadcastEndpoint, BroadcastStatistics, Re
 from .connect import DEFAULT_CAPACITY
 from .endpoint import DEFAULT_SPIN_US
 from .listener import DEFAULT_HANDSHAKE_TIMEOUT
-from .sync_channel import SyncReceipt, SyncSending, SyncWaker, _acquire, _deadline
+from .sync_channel import SyncReceipt, SyncSending, SyncWaker
 from .waits import Loop
 
 __all__ = [
@@ -268,13 +269,6 @@ class SyncBroadcaster(_Common, SyncSending):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _locked(self, loop: Loop[Any], deadline: float | None) -> Any:
-        _acquire(self._send_lock, deadline)
-        try:
-            return self._run(loop)
-        finally:
-            self._send_lock.release()
-
     def _wait_receipt(self, loop: Loop[Any]) -> Any:
         # the shared pool is the writer's alone: its releases are counted under the lock
         return self._locked(loop, None)
@@ -289,7 +283,8 @@ class SyncBroadcaster(_Common, SyncSending):
         slot_policy: str | None = None,
     ) -> Any:
         """As :meth:`SyncChannel.loan` (under the writer's lock)."""
-        _acquire(self._send_lock, _deadline(timeout))
+        if not self._send_lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise TimeoutError("timed out waiting for another thread using this broadcast")
         try:
             return SyncSending.loan(
                 self, shape, dtype, timeout=timeout, device=device, slot_policy=slot_policy
@@ -302,7 +297,7 @@ class SyncBroadcaster(_Common, SyncSending):
     def wait_ready(self, n: int, timeout: float | None = None) -> int:
         """As :meth:`Broadcaster.wait_ready`; ``TimeoutError`` after ``timeout``."""
         self._check_n(n)
-        deadline = _deadline(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         result: int = self._locked(ready(self._core, n, deadline), deadline)
         return result
 

@@ -158,6 +158,14 @@ class SyncSending:
         finally:
             loop.close()
 
+    def _locked(self, loop: waits.Loop[Any], deadline: float | None) -> Any:
+        """Run a waiting loop holding the send lock (taken by ``deadline``)."""
+        _acquire(self._send_lock, deadline)
+        try:
+            return self._run(loop)
+        finally:
+            self._send_lock.release()
+
     def _wait_receipt(self, loop: waits.Loop[Any]) -> Any:
         """Run a receipt's waiting loop (a driver whose pool needs the send lock for
         that takes it here)."""
