@@ -17,7 +17,7 @@ module adds is what only a writer with many readers has:
 * the loss policy (``on_reader_loss``, applied to what the hub reports);
 * the stall deadline (``stall_timeout``: the endpoint's, which the waiting loops
   apply to every wait for room or a slot) and the errors that name whom the writer
-  waited for;
+  waited for (the loops' ``stalled`` hook);
 * the slots of a published record are recorded against the readers admitted at that
   moment (``on_published``);
 * the queries: :meth:`BroadcastEndpoint.readers`, :meth:`BroadcastEndpoint.statistics`,
@@ -156,6 +156,7 @@ class BroadcastEndpoint(Endpoint):
         self.policy = on_reader_loss
         self.stall_timeout = stall_timeout
         self.stalls = self.dropped = 0
+        self.stalled = self._stalled
         hub.on_lost = self._lost
         if hub.pool is not None:
             self.on_published = hub.published
@@ -195,13 +196,13 @@ class BroadcastEndpoint(Endpoint):
 
     # -- what a writer that waited too long says ----------------------------------------
 
-    def room_stalled(self, size: int, waited: float) -> TimeoutError:
+    def _stalled(self, need: Any, waited: float, slot: bool) -> TimeoutError:
+        """The waiting loops' ``stalled`` hook: :class:`ReaderStalled` naming the
+        readers that hold the ring's space (``slot``: the slots) it waited for."""
         self.stalls += 1
-        return self.hub.stalled_on_room(size, waited)
-
-    def slot_stalled(self, nbytes: int | CudaNeed, waited: float) -> TimeoutError:
-        self.stalls += 1
-        err = self.hub.stalled_on_slot(nbytes, waited, stall=True)
+        if not slot:
+            return self.hub.stalled_on_room(need, waited)
+        err = self.hub.stalled_on_slot(need, waited, stall=True)
         assert isinstance(err, TimeoutError)
         return err
 

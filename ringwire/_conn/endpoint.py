@@ -135,13 +135,9 @@ class Endpoint:
     locks, the async one runs on one event loop.
     """
 
-    # How long a send waits for its peer -- room in the lane, a free slot -- before
-    # the waiting loop gives up with room_stalled() / slot_stalled(): ``None`` for a
-    # channel (only the caller's timeout bounds it); a broadcast writer sets its own.
+    # a broadcast writer's hooks (a channel has none; see waits.py and broadcast.py)
     stall_timeout: float | None = None
-    # Told the slots of each record that placed some, right after it was published
-    # (before any drain): ``None`` for a channel; a broadcast writer records which
-    # readers must release them.
+    stalled: Callable[[Any, float, bool], TimeoutError] | None = None
     on_published: Callable[[Placed], None] | None = None
 
     def __init__(
@@ -487,25 +483,6 @@ class Endpoint:
             f"(pool: {pool.config.describe()})"
         )
 
-    # -- how long a send waits for the peer (room or slots) -----------------------------
-
-    def wait_limit(self, deadline: float | None) -> float | None:
-        """The earlier of ``deadline`` and :attr:`stall_timeout` from now."""
-        stall = self.stall_timeout
-        if stall is None:
-            return deadline
-        limit = time.monotonic() + stall
-        return limit if deadline is None or limit < deadline else deadline
-
-    def room_stalled(self, size: int, waited: float) -> TimeoutError:
-        """What a send that waited ``waited`` s for room for ``size`` bytes raises."""
-        return TimeoutError("ringwire channel operation timed out")
-
-    def slot_stalled(self, nbytes: int | CudaNeed, waited: float) -> TimeoutError:
-        """What a send that waited ``waited`` s (its :meth:`wait_limit`) for a slot
-        raises."""
-        return TimeoutError("ringwire channel operation timed out")
-
     def consumed(self, pairs: Sequence[tuple[int, int]]) -> bool:
         """Has the peer released every slot in ``pairs``?  (``True`` once it is gone.)"""
         pool = self.pool
@@ -584,8 +561,8 @@ class Endpoint:
         finally:
             if not ok:
                 pool.abort(placed)
-        if ok and placed and self.on_published is not None:
-            self.on_published(placed)
+            elif placed and self.on_published is not None:
+                self.on_published(placed)
         return ok
 
     # -- receiving without waiting -----------------------------------------------------

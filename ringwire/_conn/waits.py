@@ -12,13 +12,13 @@ unpark and give back what was not sent.
 =================  ==================================  =================================
 loop               waits for                           until
 =================  ==================================  =================================
-:func:`room`       room in the send lane for a frame   the wait limit (``room_stalled``)
-:func:`room_many`  room for the rest of a batch        the wait limit (``room_stalled``)
+:func:`room`       room in the send lane for a frame   the wait limit (``stalled``)
+:func:`room_many`  room for the rest of a batch        the wait limit (``stalled``)
 :func:`slot`       a free slot of ``nbytes``           the slot wait (``slot_timeout``:
                                                        SlotsExhausted) or the wait limit
-                                                       (``slot_stalled``); re-checks
-                                                       every 50 ms while loans are out
-                                                       (a dropped loan rings no doorbell)
+                                                       (``stalled``); re-checks every
+                                                       50 ms while loans are out (a
+                                                       dropped loan rings no doorbell)
 :func:`consumed`   the peer's release of given slots   ``deadline`` (TimeoutError)
 :func:`receive`    a record                            ``deadline`` (TimeoutError);
                                                        EndOfStream / BrokenResourceError
@@ -31,14 +31,13 @@ passes ``deadline=None`` (anyio's cancel scopes bound it instead); the blocking
 driver passes its ``timeout`` as a deadline.  Every loop is entered after the
 operation's fast path failed once, so the fast paths never pay for a generator.
 
-The wait limit of a send (:meth:`Endpoint.wait_limit
-<ringwire._conn.endpoint.Endpoint.wait_limit>`) is the earlier of ``deadline`` and the
-endpoint's stall deadline (``stall_timeout`` from the start of the wait; a channel has
-none, a broadcast writer has its readers' ``stall_timeout``); what a send that reached
-it raises is the endpoint's to say (``room_stalled`` / ``slot_stalled``: a channel's
-plain ``TimeoutError``, a broadcast writer's :class:`~ringwire.ReaderStalled` naming
-the readers it waited for).  A record that placed slots is reported to
-``on_published`` (where the endpoint has one) right after it was published.
+The wait limit of a send (:func:`wait_limit`) is the earlier of ``deadline`` and the
+endpoint's stall deadline (its ``stall_timeout`` from the start of the wait; a channel
+has none, a broadcast writer has its readers' ``stall_timeout``).  What a send that
+reached it raises is the endpoint's ``stalled(need, waited, slot)`` hook's to say (a
+broadcast writer's :class:`~ringwire.ReaderStalled` names the readers it waited for),
+a plain ``TimeoutError`` where it has none.  A record that placed slots is reported to
+the endpoint's ``on_published`` (where it has one) right after it was published.
 """
 
 from __future__ import annotations
@@ -65,6 +64,7 @@ __all__ = [
     "send_many_placed",
     "send_placed",
     "slot",
+    "wait_limit",
 ]
 
 T = TypeVar("T")
@@ -131,15 +131,31 @@ def _park(
             pool.unpark()
 
 
+def wait_limit(core: Endpoint, deadline: float | None) -> float | None:
+    """The earlier of ``deadline`` and the endpoint's ``stall_timeout`` from now."""
+    stall = core.stall_timeout
+    if stall is None:
+        return deadline
+    limit = time.monotonic() + stall
+    return limit if deadline is None or limit < deadline else deadline
+
+
+def _stalled(core: Endpoint, need: Any, waited: float, slot: bool) -> TimeoutError:
+    """What a send that waited ``waited`` s for room (``slot``: a slot) raises."""
+    if core.stalled is None:
+        return TimeoutError("ringwire channel operation timed out")
+    return core.stalled(need, waited, slot)
+
+
 def room(core: Endpoint, payload: bytes, deadline: float | None = None) -> Loop[None]:
     """Until ``payload`` is published."""
     size = len(payload)
-    limit = core.wait_limit(deadline)
+    limit = wait_limit(core, deadline)
     started = time.monotonic()
     while not core.try_send(payload):
         if not core.spin(core.send_ready, size):
             if limit is not None and time.monotonic() >= limit:
-                raise core.room_stalled(size, time.monotonic() - started)
+                raise _stalled(core, size, time.monotonic() - started, False)
             yield from _park(core, _TX, core.send_ready, (size,), None, limit)
 
 
@@ -151,7 +167,7 @@ def room_many(
 ) -> Loop[None]:
     """Until every payload is published; the slots of those that were not (an error,
     a timeout, a cancellation) are given back."""
-    limit = core.wait_limit(deadline)
+    limit = wait_limit(core, deadline)
     started = time.monotonic()
     told = core.on_published if placed is not None else None
     i = 0
@@ -163,7 +179,7 @@ def room_many(
             size = len(payloads[i])
             if not core.spin(core.send_ready, size):
                 if limit is not None and time.monotonic() >= limit:
-                    raise core.room_stalled(size, time.monotonic() - started)
+                    raise _stalled(core, size, time.monotonic() - started, False)
                 yield from _park(core, _TX, core.send_ready, (size,), None, limit)
             n = core.try_send_many(payloads, i)
             if told is not None and n:
@@ -206,7 +222,7 @@ def slot(
 ) -> Loop[None]:
     """Until a slot for ``nbytes`` (an ``int``, or a ``CudaNeed``) is free."""
     pool = core.require_pool()
-    limit = core.wait_limit(deadline)
+    limit = wait_limit(core, deadline)
     started: float | None = None
     while not core.check_slot_wait(nbytes):
         if core.spin(core.slot_wait_ready, nbytes):
@@ -217,7 +233,7 @@ def slot(
         elif now - started > SLOW_SLOT_WAIT:
             core.warn_slow_slot_wait(nbytes, now - started)
         if limit is not None and now >= limit:
-            raise core.slot_stalled(nbytes, now - started)
+            raise _stalled(core, nbytes, now - started, True)
         if slot_deadline is not None and now >= slot_deadline:
             raise core.slot_timeout(nbytes)
         until = math.inf

@@ -122,8 +122,11 @@ class _Stalling(Endpoint):
 
     stall_timeout = 0.05
 
-    def room_stalled(self, size: int, waited: float) -> TimeoutError:
-        return TimeoutError(f"stalled: {size} bytes after {waited:.2f} s")
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.stalled = lambda need, waited, slot: TimeoutError(
+            f"stalled: {need} bytes after {waited:.2f} s (slot: {slot})"
+        )
 
 
 def test_the_stall_deadline_bounds_the_shared_wait_for_room() -> None:
@@ -139,7 +142,9 @@ def test_the_stall_deadline_bounds_the_shared_wait_for_room() -> None:
     assert isinstance(w, waits.Wait) and w.until is not None
     assert w.until < time.monotonic() + 1  # the stall deadline, not the caller's
     time.sleep(0.06)
-    with pytest.raises(TimeoutError, match=f"stalled: {len(payload)} bytes after 0.[0-9]"):
+    with pytest.raises(
+        TimeoutError, match=rf"stalled: {len(payload)} bytes after 0.\d+ s \(slot: False"
+    ):
         loop.send(None)
     assert a.tx_parked == 0 and a.statistics().records_sent == 3
     assert [b.try_receive(b.dec) for _ in range(4)] == [b"x" * 300] * 3 + [EMPTY]
@@ -148,7 +153,7 @@ def test_the_stall_deadline_bounds_the_shared_wait_for_room() -> None:
 def test_a_channel_has_no_stall_deadline() -> None:
     """Without one only the caller's deadline bounds a send (the plain TimeoutError)."""
     a, _ = endpoints(capacity=1024)
-    assert a.stall_timeout is None and a.wait_limit(None) is None
+    assert a.stall_timeout is None and a.stalled is None and waits.wait_limit(a, None) is None
     payload = a.encode(b"x" * 300)
     while a.try_send(payload):
         pass
