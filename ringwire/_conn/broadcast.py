@@ -160,6 +160,10 @@ class BroadcastEndpoint(Endpoint):
         hub.on_lost = self._lost
         if hub.pool is not None:
             self.on_published = hub.published
+            # a shared-memory send pool, as a channel's SendPool is: an empty placement
+            # is used again, and a safe point asks the readers' release lanes at once
+            self.shm_pool = True
+            self._releases_ready = hub.pool.releases_ready
 
     def __repr__(self) -> str:
         return f"<BroadcastEndpoint {self.hub.path} {self.state()}>"

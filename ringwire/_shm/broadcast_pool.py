@@ -102,16 +102,10 @@ class BroadcastPool:
         # the send pool's own, on the send path of every record (no frame of ours)
         self.placement: Callable[[str | None], Any] = self.send.placement
         self.abort: Callable[[Placed], None] = self.send.abort
+        self.loans = self.send.loans  # (the set and the deque themselves: never replaced)
+        self.loan_returns = self.send.loan_returns
 
     # -- the send pool's face (what the endpoint calls, as on a SendPool) ---------------
-
-    @property
-    def loans(self) -> set[int]:
-        return self.send.loans
-
-    @property
-    def loan_returns(self) -> Any:
-        return self.send.loan_returns
 
     def can_allocate(self, nbytes: Any) -> bool:
         return self.send.can_allocate(nbytes)
@@ -179,10 +173,13 @@ class BroadcastPool:
 
     def has_work(self) -> bool:
         """Releases or dropped loans are waiting to be processed."""
-        if self.send.loan_returns:
-            return True
+        return bool(self.loan_returns) or self.releases_ready()
+
+    def releases_ready(self) -> bool:
+        """Has a reader published releases?  (Only while some slot is held: a lane with
+        frames then is a faulty reader's, found at the next poll that has work.)"""
         if not self.holders:
-            return False  # nothing to release (a lane with frames now is a faulty reader's)
+            return False
         return any(lane.available() for lane in self.lanes.values())
 
     def poll(self) -> bool:
