@@ -282,12 +282,15 @@ class SyncBroadcaster(_Common, SyncSending):
         device: Any = None,
         slot_policy: str | None = None,
     ) -> Any:
-        """As :meth:`SyncChannel.loan` (under the writer's lock)."""
+        """As :meth:`SyncChannel.loan` (under the writer's lock: ``timeout`` bounds the
+        wait for it and for a slot together)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not self._send_lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             raise TimeoutError("timed out waiting for another thread using this broadcast")
         try:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             return SyncSending.loan(
-                self, shape, dtype, timeout=timeout, device=device, slot_policy=slot_policy
+                self, shape, dtype, timeout=left, device=device, slot_policy=slot_policy
             )
         finally:
             self._send_lock.release()

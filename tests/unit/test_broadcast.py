@@ -582,6 +582,15 @@ def test_an_async_writer_names_a_stalled_reader_after_stall_timeout(bpath):
     anyio.run(main)
 
 
+def test_a_loan_without_a_slot_pool_is_the_endpoints_misuse_error(bpath):
+    """One voice: a broadcast made with slots=None refuses a loan as a channel opened
+    with slots=None does (RingwireError itself: no wait can help, so not SlotsExhausted)."""
+    with ringwire.broadcast_sync(bpath, slots=None) as bc:
+        with pytest.raises(ringwire.RingwireError, match="slots=None") as info:
+            bc.loan((4,), np.float32)
+        assert type(info.value) is ringwire.RingwireError
+
+
 def test_a_join_that_gets_no_answer_times_out_after_handshake_timeout(bpath):
     mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
