@@ -161,9 +161,10 @@ class BroadcastEndpoint(Endpoint):
         if hub.pool is not None:
             self.on_published = hub.published
             # a shared-memory send pool, as a channel's SendPool is: an empty placement
-            # is used again, and a safe point asks the readers' release lanes at once
+            # is used again, and a safe point polls the readers' release lanes whenever
+            # a slot is held (a C call on the send path, no frame: ``len(holders)``)
             self.shm_pool = True
-            self._releases_ready = hub.pool.releases_ready
+            self._releases_ready = hub.pool.holders.__len__
 
     def __repr__(self) -> str:
         return f"<BroadcastEndpoint {self.hub.path} {self.state()}>"
