@@ -122,7 +122,7 @@ def _serve(ctrl: Any, recv: Callable[[], Step]) -> None:
 def reader_ringwire(ctrl: Any, path: str, spin_us: float) -> None:
     import ringwire
 
-    with ringwire.subscribe_sync(path, type=Step, spin_us=spin_us, timeout=60) as sub:
+    with ringwire.subscribe_sync(path, type=Step, spin_us=spin_us, handshake_timeout=60) as sub:
         _serve(ctrl, lambda: sub.receive(timeout=120))
 
 

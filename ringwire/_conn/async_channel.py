@@ -2,8 +2,10 @@
 
 The driver adds only waiting to the :class:`~ringwire._conn.endpoint.Endpoint`: the
 fast path of each operation calls the endpoint directly, and anything that must wait
-runs a loop of :mod:`ringwire._conn.waits` through :meth:`Channel._run`, which
-performs each :class:`~ringwire._conn.waits.Wait` with an :class:`AsyncWaker`:
+runs a loop of :mod:`ringwire._conn.waits` through :meth:`AsyncSending._run`, which
+performs each :class:`~ringwire._conn.waits.Wait` with an :class:`AsyncWaker`.  The
+sending half (:class:`AsyncSending`) is shared with the broadcast writer
+(:class:`~ringwire.Broadcaster`, a send-only endpoint).  Waking:
 
 * asyncio / uvloop: the transport's descriptor is registered with the loop once
   (``add_reader``) for the life of the connection; the callback drains doorbells and
@@ -32,7 +34,7 @@ from . import waits
 from .driving import EndpointFacade, ReceiptBase, warn_held
 from .endpoint import EMPTY, UNSET, Endpoint
 
-__all__ = ["AsyncWaker", "Channel", "Receipt"]
+__all__ = ["AsyncSending", "AsyncWaker", "Channel", "Receipt"]
 
 _YIELD_EVERY = 32  # async fast paths yield to the event loop at least this often
 
@@ -192,29 +194,16 @@ class Receipt(ReceiptBase):
             await self._run(waits.consumed(self._core, self._pairs))
 
 
-class Channel(EndpointFacade, anyio.abc.ObjectStream[Any]):
-    """The async endpoint of a connection (asyncio, trio, uvloop; via anyio).
+class AsyncSending:
+    """The sending half of the async driver: what :class:`Channel` and the broadcast
+    writer (:class:`~ringwire.Broadcaster`) share -- the loop runner and every send.
+    A subclass sets ``_core``, ``_waker`` and ``_fast_ops``, and ``_receipt`` (what
+    :meth:`send_tracked` returns)."""
 
-    Object-stream semantics as in anyio: :meth:`send` / :meth:`receive` (and their
-    ``_nowait`` forms), ``async for``, :meth:`aclose`, :meth:`send_eof`, async context
-    manager.  Not thread-safe: use it from one event loop.  Made by
-    :func:`ringwire.connect`, :meth:`ringwire.PairEnd.connect` and
-    :meth:`ringwire.Listener.accept`.
-    """
-
-    def __init__(self, core: Endpoint, waker: AsyncWaker | None = None) -> None:
-        super().__init__(core)
-        self._waker = waker if waker is not None else AsyncWaker(core)
-        self._fast_ops = 0
-
-    def poll_peer(self) -> bool:
-        """Read what the transport holds now, without waiting: a peer that just died is
-        noticed at once (its slots come back to the pool, the next send raises).
-        Returns whether the peer is still there."""
-        core = self._core
-        if not core.closed:
-            core.drain()
-        return not (core.eof or core.broken is not None)
+    _core: Endpoint
+    _waker: AsyncWaker
+    _fast_ops: int
+    _receipt: type[Receipt] = Receipt
 
     # -- the driver -------------------------------------------------------------------
 
@@ -247,13 +236,17 @@ class Channel(EndpointFacade, anyio.abc.ObjectStream[Any]):
     # -- send -------------------------------------------------------------------------
 
     async def send(self, item: Any, *, slot_policy: str | None = None) -> None:
-        """Send one record; waits (spin, then park) while the ring is full.
+        """Send one record (a broadcast: to every reader); waits (spin, then park)
+        while the ring is full (a broadcast: for its slowest live reader).
 
         Large arrays and tensors travel in tensor slots (see :class:`SlotConfig`);
         ``slot_policy`` overrides the channel's policy for this record.  Raises
         ``ClosedResourceError`` (we closed it, or called :meth:`send_eof`),
-        ``BrokenResourceError`` (the peer is gone or the connection broke),
-        :class:`EncodeError` / :class:`FrameTooLarge` for a record that cannot be sent,
+        ``BrokenResourceError`` (the peer is gone or the connection broke; a broadcast
+        that failed: a reader was lost under ``on_reader_loss="fail"``),
+        :class:`ReaderStalled` (a broadcast whose readers are alive but made no room
+        within ``stall_timeout``: nothing was sent), :class:`EncodeError` /
+        :class:`FrameTooLarge` for a record that cannot be sent,
         :class:`SlotsExhausted` (policy "error", the slot wait timed out, or no slot
         can ever be free)."""
         core = self._core
@@ -282,16 +275,16 @@ class Channel(EndpointFacade, anyio.abc.ObjectStream[Any]):
         await self._maybe_yield()
 
     async def send_tracked(self, item: Any, *, slot_policy: str | None = None) -> Receipt:
-        """Send one record; return a :class:`Receipt` that completes once the peer has
-        released every slot the record used (at once if it used none).  Raises what
-        :meth:`send` raises."""
+        """Send one record; return a :class:`Receipt` that completes once the peer (a
+        broadcast: every reader) has released every slot the record used (at once if
+        it used none).  Raises what :meth:`send` raises."""
         core = self._core
         if core.pool is None:
             await self.send(item)
-            return Receipt(core, (), self._run)
+            return self._receipt(core, (), self._run)
         placed = await self._run(waits.send_placed(core, item, slot_policy))
         await self._maybe_yield()
-        return Receipt(core, [(slot, gen) for slot, gen, _ in placed], self._run)
+        return self._receipt(core, [(slot, gen) for slot, gen, _ in placed], self._run)
 
     async def loan(
         self,
@@ -346,6 +339,31 @@ class Channel(EndpointFacade, anyio.abc.ObjectStream[Any]):
         else:
             await self._run(waits.room_many(core, core.encode_many(items), None))
         await self._maybe_yield()
+
+
+class Channel(EndpointFacade, AsyncSending, anyio.abc.ObjectStream[Any]):
+    """The async endpoint of a connection (asyncio, trio, uvloop; via anyio).
+
+    Object-stream semantics as in anyio: :meth:`send` / :meth:`receive` (and their
+    ``_nowait`` forms), ``async for``, :meth:`aclose`, :meth:`send_eof`, async context
+    manager.  Not thread-safe: use it from one event loop.  Made by
+    :func:`ringwire.connect`, :meth:`ringwire.PairEnd.connect` and
+    :meth:`ringwire.Listener.accept`.
+    """
+
+    def __init__(self, core: Endpoint, waker: AsyncWaker | None = None) -> None:
+        super().__init__(core)
+        self._waker = waker if waker is not None else AsyncWaker(core)
+        self._fast_ops = 0
+
+    def poll_peer(self) -> bool:
+        """Read what the transport holds now, without waiting: a peer that just died is
+        noticed at once (its slots come back to the pool, the next send raises).
+        Returns whether the peer is still there."""
+        core = self._core
+        if not core.closed:
+            core.drain()
+        return not (core.eof or core.broken is not None)
 
     async def send_eof(self) -> None:
         """Tell the peer that nothing more will be sent (it gets ``EndOfStream`` once it

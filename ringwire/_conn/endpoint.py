@@ -135,6 +135,11 @@ class Endpoint:
     locks, the async one runs on one event loop.
     """
 
+    # a broadcast writer's hooks (a channel has none; see waits.py and broadcast.py)
+    stall_timeout: float | None = None
+    stalled: Callable[[Any, float, bool], TimeoutError] | None = None
+    on_published: Callable[[Placed], None] | None = None
+
     def __init__(
         self,
         transport: Transport,
@@ -562,6 +567,8 @@ class Endpoint:
         finally:
             if not ok:
                 pool.abort(placed)
+            elif placed and self.on_published is not None:
+                self.on_published(placed)
         return ok
 
     # -- receiving without waiting -----------------------------------------------------

@@ -1,28 +1,26 @@
 """Broadcast readers: :func:`subscribe` (async) and :func:`subscribe_sync`.
 
 A reader is an ordinary receiving endpoint over its own cursor in the broadcast ring
-(:class:`~ringwire._shm.broadcast_reader.SubscriberTransport`): the async
-:class:`Subscriber` wraps a :class:`~ringwire.Channel`, the blocking
-:class:`SyncSubscriber` is a small receive-only driver running the same loops of
-:mod:`ringwire._conn.waits` -- so waiting (a bounded adaptive spin, then parked on its
-control socket: no CPU while idle), decoding, slot views and their finalizers, and the
-errors are the channels' own.  What a subscriber adds: its
-rank, and one translation -- a reader the writer dropped that goes on reading is told
-by the ring itself (:class:`RingCorrupted` from the horizon check); it gets
-``BrokenResourceError``, like every other way of losing the writer.
+(:class:`~ringwire._shm.broadcast_reader.SubscriberTransport`), driven by the
+ordinary drivers: :class:`Subscriber` wraps a :class:`~ringwire.Channel`,
+:class:`SyncSubscriber` a :class:`~ringwire.SyncChannel` -- so waiting (a bounded
+adaptive spin, then parked on its control socket: no CPU while idle), decoding, slot
+views and their finalizers, and the errors are the channels' own.  What a subscriber
+adds: its rank, no way to send, and one translation -- a reader the writer dropped
+that goes on reading is told by the ring itself (:class:`RingCorrupted` from the
+horizon check); it gets ``BrokenResourceError``, like every other way of losing the
+writer.
 
-Remote readers: a ``tcp://`` address is refused with ``NotImplementedError`` for now;
-this is where a TCP subscription will plug in once TCP channels exist (issue "Beyond
-one host"), behind the same :class:`Subscriber` API.
+Remote readers: a ``tcp://`` address is refused with ``NotImplementedError`` naming
+it; readers on other hosts are a later issue ("remote broadcast readers"), which
+plugs in here behind the same :class:`Subscriber` API.  Until then a process on
+another host receives over a TCP channel (:func:`ringwire.connect`).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import select
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,12 +36,11 @@ from .._shm.broadcast_reader import (
     join_handshake,
 )
 from .._shm.sockets import check_peer
-from . import waits
 from .async_channel import Channel
-from .driving import warn_held
-from .endpoint import DEFAULT_SPIN_US, EMPTY, UNSET, Endpoint
+from .endpoint import DEFAULT_SPIN_US, UNSET, Endpoint
 from .listener import DEFAULT_HANDSHAKE_TIMEOUT
 from .statistics import ChannelStatistics
+from .sync_channel import SyncChannel
 
 __all__ = ["Subscriber", "SyncSubscriber", "subscribe", "subscribe_sync"]
 
@@ -191,22 +188,15 @@ class Subscriber(_Common):
 
 class SyncSubscriber(_Common):
     """Blocking :class:`Subscriber` (threads, plain scripts): ``timeout`` arguments
-    raise ``TimeoutError``.  Made by :func:`ringwire.subscribe_sync`.
-
-    Its own small driver, not a :class:`SyncChannel`: a reader only receives, so one
-    lock serialises receivers and the one holding it waits by ``poll()`` on the
-    control socket itself -- the loops are still :mod:`ringwire._conn.waits`' own,
-    without the condition variable a channel needs for a sender and a receiver
-    waiting at once (about half the CPU of a wake-up, which a tensor-parallel rank
-    pays every step).  Thread-safe: receivers take turns; :meth:`close` from another
-    thread wakes the one waiting (``ClosedResourceError``)."""
+    raise ``TimeoutError``.  Made by :func:`ringwire.subscribe_sync`.  Its driver is a
+    :class:`~ringwire.SyncChannel` that only receives: thread-safe, receivers take
+    turns; :meth:`close` from another thread wakes the one waiting
+    (``ClosedResourceError``)."""
 
     def __init__(self, core: Endpoint, transport: SubscriberTransport) -> None:
         self._core = core
         self._transport = transport
-        self._lock = threading.Lock()
-        self._poll = select.poll()
-        self._poll.register(transport.fileno(), select.POLLIN)
+        self._chan = SyncChannel(core)
 
     def __enter__(self) -> SyncSubscriber:
         return self
@@ -214,98 +204,36 @@ class SyncSubscriber(_Common):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the driver ---------------------------------------------------------------------
-
-    def _wait(self, gen: int, until: float | None) -> None:
-        """Perform one :class:`~ringwire._conn.waits.Wait`: until the control socket is
-        readable (a doorbell, an abort, end of file, our own close) or ``until``."""
-        core = self._core
-        if core.wake_gen != gen or core.eof or core.closed or core.broken is not None:
-            return
-        if until is None:
-            ms = -1
-        else:
-            left = until - time.monotonic()
-            if left <= 0:
-                return
-            ms = max(1, math.ceil(left * 1000))
-        if self._poll.poll(ms) and not core.closed:
-            core.drain()
-
-    def _run(self, loop: waits.Loop[Any]) -> Any:
-        try:
-            w = next(loop)
-            while True:
-                self._wait(w.gen, w.until)
-                w = loop.send(None)
-        except StopIteration as stop:
-            return stop.value
-        finally:
-            loop.close()
-
-    def _take(self, timeout: float | None) -> float | None:
-        """Take the receive lock; the deadline of ``timeout`` (``None``: no limit)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._lock.acquire(False):
-            if deadline is None:
-                self._lock.acquire()
-            elif not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                raise TimeoutError("timed out waiting for another thread receiving here")
-        return deadline
-
-    # -- receiving ----------------------------------------------------------------------
-
     def receive(self, timeout: float | None = None, *, type: Any = UNSET) -> Any:
-        """As :meth:`Subscriber.receive`, waiting at most ``timeout`` seconds."""
-        core = self._core
-        dec = core.dec if type is UNSET else core.decoder_for(type)
-        deadline = self._take(timeout)
+        """As :meth:`Subscriber.receive`, waiting at most ``timeout`` seconds
+        (``TimeoutError``)."""
         try:
-            obj = core.try_receive(dec)
-            if obj is EMPTY:
-                if core.spin(core.receive_ready):
-                    obj = core.try_receive(dec)
-                if obj is EMPTY:
-                    obj = self._run(waits.receive(core, dec, deadline))
-            return obj
+            return self._chan.receive(timeout, type=type)
         except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
-            raise _translate(core, self._transport, exc)  # noqa: B904  (the cause is set)
-        finally:
-            self._lock.release()
+            raise _translate(self._core, self._transport, exc)  # noqa: B904  (the cause is set)
 
     def receive_nowait(self, *, type: Any = UNSET) -> Any:
-        core = self._core
-        with self._lock:
-            try:
-                return core.receive_nowait(core.decoder_for(type))
-            except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
-                raise _translate(core, self._transport, exc)  # noqa: B904  (the cause is set)
+        """As :meth:`Subscriber.receive_nowait`."""
+        try:
+            return self._chan.receive_nowait(type=type)
+        except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
+            raise _translate(self._core, self._transport, exc)  # noqa: B904  (the cause is set)
 
     def receive_many(
         self, max_n: int = 1024, timeout: float | None = None, *, type: Any = UNSET
     ) -> list[Any]:
-        if max_n < 1:
-            raise ValueError("max_n must be at least 1")
-        core = self._core
-        dec = core.decoder_for(type)
-        deadline = self._take(timeout)
+        """As :meth:`Subscriber.receive_many`, waiting at most ``timeout`` seconds."""
         try:
-            out = core.try_receive_many(dec, max_n)
-            if not out:
-                out = self._run(waits.receive_many(core, dec, max_n, deadline))
-            return out
+            return self._chan.receive_many(max_n, timeout, type=type)
         except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
-            raise _translate(core, self._transport, exc)  # noqa: B904  (the cause is set)
-        finally:
-            self._lock.release()
+            raise _translate(self._core, self._transport, exc)  # noqa: B904  (the cause is set)
 
     def receive_many_nowait(self, max_n: int = 1024, *, type: Any = UNSET) -> list[Any]:
-        core = self._core
-        with self._lock:
-            try:
-                return core.receive_many_nowait(core.decoder_for(type), max_n)
-            except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
-                raise _translate(core, self._transport, exc)  # noqa: B904  (the cause is set)
+        """As :meth:`Subscriber.receive_many_nowait`."""
+        try:
+            return self._chan.receive_many_nowait(max_n, type=type)
+        except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
+            raise _translate(self._core, self._transport, exc)  # noqa: B904  (the cause is set)
 
     def __iter__(self) -> Iterator[Any]:
         while True:
@@ -314,38 +242,18 @@ class SyncSubscriber(_Common):
             except EndOfStream:
                 return
 
-    # -- the writer, closing --------------------------------------------------------------
-
     def poll_writer(self) -> bool:
-        """As :meth:`Subscriber.poll_writer` (a receiver waiting right now is already
-        watching: then this only reports what it knows)."""
-        core = self._core
-        if self._lock.acquire(False):
-            try:
-                if not core.closed:
-                    core.drain()
-            finally:
-                self._lock.release()
-        return not (core.eof or core.broken is not None)
+        """As :meth:`Subscriber.poll_writer`."""
+        return self._chan.poll_peer()
 
     def abort(self, reason: str) -> None:
         """As :meth:`Subscriber.abort`."""
-        if not isinstance(reason, str):
-            raise TypeError(f"reason must be a str, not {type(reason).__name__}")
-        self._core.abort(reason)
-        self.close()
+        self._chan.abort(reason)
 
     def close(self) -> None:
         """Leave cleanly (the writer sees our closed flag, then our end of file); a
         thread blocked in a receive gets ``ClosedResourceError``."""
-        core = self._core
-        if not core.mark_closed():
-            return
-        core.transport.shutdown()  # wakes a receiver blocked in poll
-        with self._lock:
-            held = core.release()
-        if held:
-            warn_held(self, held)
+        self._chan.close()
 
     def __del__(self) -> None:
         core = getattr(self, "_core", None)
@@ -357,8 +265,10 @@ def _socket(path: Any) -> tuple[socket.socket, str]:
     where = os.fspath(path)
     if isinstance(where, str) and where.startswith("tcp://"):
         raise NotImplementedError(
-            "remote broadcast readers need TCP channels (issue 'Beyond one host'), which "
-            "ringwire does not have yet: subscribe at the broadcast's Unix socket path"
+            f"cannot subscribe to {where!r}: broadcast readers on other hosts (TCP) are "
+            "not supported yet, only readers on the writer's host; subscribe at the "
+            "broadcast's Unix socket path, or send to a remote process over a TCP "
+            "channel (ringwire.connect / ringwire.listen at a tcp:// address)"
         )
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
@@ -371,7 +281,7 @@ async def subscribe(
     rank: int | None = None,
     type: Any = Any,
     spin_us: float = DEFAULT_SPIN_US,
-    timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     copy_out: bool = False,
 ) -> Subscriber:
     """Join the broadcast at ``path`` as reader ``rank`` (``None``: any free rank);
@@ -381,11 +291,11 @@ async def subscribe(
     at once); ``copy_out`` copies every received slot array into private memory and
     releases its slot at once.  Raises :class:`HandshakeError` if the writer refuses
     (rank taken, every rank taken, a failed broadcast), ``TimeoutError`` after
-    ``timeout``, ``FileNotFoundError`` / ``ConnectionRefusedError`` when no writer is
-    at ``path``."""
+    ``handshake_timeout``, ``FileNotFoundError`` / ``ConnectionRefusedError`` when no
+    writer is at ``path``, ``NotImplementedError`` for a ``tcp://`` address."""
     sock, where = _socket(path)
     try:
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(handshake_timeout):
             while True:
                 try:
                     sock.connect(where)
@@ -408,12 +318,12 @@ def subscribe_sync(
     rank: int | None = None,
     type: Any = Any,
     spin_us: float = DEFAULT_SPIN_US,
-    timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     copy_out: bool = False,
 ) -> SyncSubscriber:
     """Blocking :func:`subscribe`: returns a :class:`SyncSubscriber`."""
     sock, where = _socket(path)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + handshake_timeout
     try:
         while True:
             try:

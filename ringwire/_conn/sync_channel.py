@@ -2,11 +2,14 @@
 
 Like the async driver it adds only waiting to the
 :class:`~ringwire._conn.endpoint.Endpoint`: fast paths call the endpoint directly,
-and a loop of :mod:`ringwire._conn.waits` runs through :meth:`SyncChannel._run`, which
+and a loop of :mod:`ringwire._conn.waits` runs through :meth:`SyncSending._run`, which
 performs each wait with a :class:`SyncWaker`: one thread ``poll()`` s the transport's
 descriptor, the others wait on a condition variable.  ``timeout`` arguments become the
 loops' deadlines.  One sender and one receiver run at a time (a lock each); other
-threads wait their turn, within their timeout.
+threads wait their turn, within their timeout.  The sending half
+(:class:`SyncSending`) is shared with the blocking broadcast writer
+(:class:`~ringwire.SyncBroadcaster`, a send-only endpoint); a broadcast reader
+(:class:`~ringwire.SyncSubscriber`) is a :class:`SyncChannel` that only receives.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from . import waits
 from .driving import EndpointFacade, ReceiptBase, warn_held
 from .endpoint import EMPTY, UNSET, Endpoint
 
-__all__ = ["SyncChannel", "SyncReceipt", "SyncWaker", "receive_turn"]
+__all__ = ["SyncChannel", "SyncReceipt", "SyncSending", "SyncWaker", "receive_turn"]
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -61,12 +64,10 @@ class SyncWaker:
         self._poller = 0  # the thread in poll() (while _polling)
         self._poll = select.poll()
         self._poll.register(core.transport.fileno(), select.POLLIN)
-        self._kick = -1
-        if hasattr(core, "on_drain"):  # an Endpoint (a broadcast core drains itself only)
-            self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            self._poll.register(self._kick, select.POLLIN)
-            self._fin = weakref.finalize(self, os.close, self._kick)
-            core.on_drain = self._drained
+        self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._poll.register(self._kick, select.POLLIN)
+        self._fin = weakref.finalize(self, os.close, self._kick)
+        core.on_drain = self._drained
 
     def _drained(self) -> None:
         # (any thread; the poller's own drains need no kick)
@@ -131,29 +132,16 @@ class SyncReceipt(ReceiptBase):
             self._run(waits.consumed(self._core, self._pairs, _deadline(timeout)))
 
 
-class SyncChannel(EndpointFacade):
-    """The blocking endpoint of a connection, for threads and plain scripts.
+class SyncSending:
+    """The sending half of the blocking driver: what :class:`SyncChannel` and the
+    broadcast writer (:class:`~ringwire.SyncBroadcaster`) share -- the loop runner and
+    every send.  A subclass sets ``_core``, ``_waker``, ``_send_lock``, and
+    ``_receipt`` (what :meth:`send_tracked` returns)."""
 
-    ``send`` / ``receive`` take ``timeout`` (seconds, ``None`` = forever) and raise
-    :class:`TimeoutError` when it expires.  Thread-safe: one sender and one receiver
-    run at a time, others wait for their turn.  Made by :func:`ringwire.connect_sync`,
-    :meth:`ringwire.PairEnd.connect_sync` and :meth:`ringwire.SyncListener.accept`.
-    """
-
-    def __init__(self, core: Endpoint) -> None:
-        super().__init__(core)
-        self._waker = SyncWaker(core)
-        self._send_lock = threading.Lock()
-        self._recv_lock = threading.Lock()
-
-    def poll_peer(self) -> bool:
-        """As :meth:`Channel.poll_peer`: notice a peer that just died, without waiting;
-        returns whether the peer is still there."""
-        core = self._core
-        with self._waker.cv:
-            if not core.closed:
-                core.drain()
-        return not (core.eof or core.broken is not None)
+    _core: Endpoint
+    _waker: SyncWaker
+    _send_lock: threading.Lock
+    _receipt: type[SyncReceipt] = SyncReceipt
 
     def _run(self, loop: waits.Loop[Any]) -> Any:
         """Run a waiting loop: perform each wait it asks for; its result is ours."""
@@ -167,6 +155,19 @@ class SyncChannel(EndpointFacade):
             return stop.value
         finally:
             loop.close()
+
+    def _locked(self, loop: waits.Loop[Any], deadline: float | None) -> Any:
+        """Run a waiting loop holding the send lock (taken by ``deadline``)."""
+        _acquire(self._send_lock, deadline)
+        try:
+            return self._run(loop)
+        finally:
+            self._send_lock.release()
+
+    def _wait_receipt(self, loop: waits.Loop[Any]) -> Any:
+        """Run a receipt's waiting loop (a driver whose pool needs the send lock for
+        that takes it here)."""
+        return self._run(loop)
 
     # -- send -------------------------------------------------------------------------
 
@@ -217,14 +218,14 @@ class SyncChannel(EndpointFacade):
         core = self._core
         if core.pool is None:
             self.send(item, timeout)
-            return SyncReceipt(core, (), self._run)
+            return self._receipt(core, (), self._wait_receipt)
         deadline = _deadline(timeout)
         _acquire(self._send_lock, deadline)
         try:
             placed = self._run(waits.send_placed(core, item, slot_policy, deadline))
         finally:
             self._send_lock.release()
-        return SyncReceipt(core, [(slot, gen) for slot, gen, _ in placed], self._run)
+        return self._receipt(core, [(slot, gen) for slot, gen, _ in placed], self._wait_receipt)
 
     def loan(
         self,
@@ -277,6 +278,31 @@ class SyncChannel(EndpointFacade):
             self._run(waits.room_many(core, payloads, None, deadline))
         finally:
             self._send_lock.release()
+
+
+class SyncChannel(EndpointFacade, SyncSending):
+    """The blocking endpoint of a connection, for threads and plain scripts.
+
+    ``send`` / ``receive`` take ``timeout`` (seconds, ``None`` = forever) and raise
+    :class:`TimeoutError` when it expires.  Thread-safe: one sender and one receiver
+    run at a time, others wait for their turn.  Made by :func:`ringwire.connect_sync`,
+    :meth:`ringwire.PairEnd.connect_sync` and :meth:`ringwire.SyncListener.accept`.
+    """
+
+    def __init__(self, core: Endpoint) -> None:
+        super().__init__(core)
+        self._waker = SyncWaker(core)
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+
+    def poll_peer(self) -> bool:
+        """As :meth:`Channel.poll_peer`: notice a peer that just died, without waiting;
+        returns whether the peer is still there."""
+        core = self._core
+        with self._waker.cv:
+            if not core.closed:
+                core.drain()
+        return not (core.eof or core.broken is not None)
 
     def send_eof(self) -> None:
         """As :meth:`Channel.send_eof`."""

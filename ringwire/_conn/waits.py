@@ -12,10 +12,11 @@ unpark and give back what was not sent.
 =================  ==================================  =================================
 loop               waits for                           until
 =================  ==================================  =================================
-:func:`room`       room in the send lane for a frame   ``deadline`` (TimeoutError)
-:func:`room_many`  room for the rest of a batch        ``deadline`` (TimeoutError)
-:func:`slot`       a free slot of ``nbytes``           the slot wait (SlotsExhausted) or
-                                                       ``deadline``; re-checks every
+:func:`room`       room in the send lane for a frame   the wait limit (``stalled``)
+:func:`room_many`  room for the rest of a batch        the wait limit (``stalled``)
+:func:`slot`       a free slot of ``nbytes``           the slot wait (``slot_timeout``:
+                                                       SlotsExhausted) or the wait limit
+                                                       (``stalled``); re-checks every
                                                        50 ms while loans are out (a
                                                        dropped loan rings no doorbell)
 :func:`consumed`   the peer's release of given slots   ``deadline`` (TimeoutError)
@@ -29,6 +30,14 @@ Composite operations are loops made of these (:func:`send_placed`,
 passes ``deadline=None`` (anyio's cancel scopes bound it instead); the blocking
 driver passes its ``timeout`` as a deadline.  Every loop is entered after the
 operation's fast path failed once, so the fast paths never pay for a generator.
+
+The wait limit of a send (:func:`wait_limit`) is the earlier of ``deadline`` and the
+endpoint's stall deadline (its ``stall_timeout`` from the start of the wait; a channel
+has none, a broadcast writer has its readers' ``stall_timeout``).  What a send that
+reached it raises is the endpoint's ``stalled(need, waited, slot)`` hook's to say (a
+broadcast writer's :class:`~ringwire.ReaderStalled` names the readers it waited for),
+a plain ``TimeoutError`` where it has none.  A record that placed slots is reported to
+the endpoint's ``on_published`` (where it has one) right after it was published.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ __all__ = [
     "send_many_placed",
     "send_placed",
     "slot",
+    "wait_limit",
 ]
 
 T = TypeVar("T")
@@ -121,12 +131,32 @@ def _park(
             pool.unpark()
 
 
+def wait_limit(core: Endpoint, deadline: float | None) -> float | None:
+    """The earlier of ``deadline`` and the endpoint's ``stall_timeout`` from now."""
+    stall = core.stall_timeout
+    if stall is None:
+        return deadline
+    limit = time.monotonic() + stall
+    return limit if deadline is None or limit < deadline else deadline
+
+
+def _stalled(core: Endpoint, need: Any, waited: float, slot: bool) -> TimeoutError:
+    """What a send that waited ``waited`` s for room (``slot``: a slot) raises."""
+    if core.stalled is None:
+        return TimeoutError("ringwire channel operation timed out")
+    return core.stalled(need, waited, slot)
+
+
 def room(core: Endpoint, payload: bytes, deadline: float | None = None) -> Loop[None]:
     """Until ``payload`` is published."""
     size = len(payload)
+    limit = wait_limit(core, deadline)
+    started = time.monotonic()
     while not core.try_send(payload):
         if not core.spin(core.send_ready, size):
-            yield from _park(core, _TX, core.send_ready, (size,), deadline, deadline)
+            if limit is not None and time.monotonic() >= limit:
+                raise _stalled(core, size, time.monotonic() - started, False)
+            yield from _park(core, _TX, core.send_ready, (size,), None, limit)
 
 
 def room_many(
@@ -137,19 +167,35 @@ def room_many(
 ) -> Loop[None]:
     """Until every payload is published; the slots of those that were not (an error,
     a timeout, a cancellation) are given back."""
+    limit = wait_limit(core, deadline)
+    started = time.monotonic()
+    told = core.on_published if placed is not None else None
     i = 0
     try:
         i = core.try_send_many(payloads, 0)
+        if told is not None:
+            _tell(told, placed, 0, i)
         while i < len(payloads):
             size = len(payloads[i])
             if not core.spin(core.send_ready, size):
-                yield from _park(core, _TX, core.send_ready, (size,), deadline, deadline)
-            i += core.try_send_many(payloads, i)
+                if limit is not None and time.monotonic() >= limit:
+                    raise _stalled(core, size, time.monotonic() - started, False)
+                yield from _park(core, _TX, core.send_ready, (size,), None, limit)
+            n = core.try_send_many(payloads, i)
+            if told is not None and n:
+                _tell(told, placed, i, i + n)
+            i += n
     finally:
         pool = core.pool
         if placed is not None and pool is not None:
             for p in placed[i:]:
                 pool.abort(p)
+
+
+def _tell(told: Callable[[Placed], None], placed: Any, start: int, stop: int) -> None:
+    for k in range(start, stop):
+        if placed[k]:
+            told(placed[k])
 
 
 def publish_placed(
@@ -161,6 +207,8 @@ def publish_placed(
         if not core.try_send(payload):
             yield from room(core, payload, deadline)
         published = True
+        if core.on_published is not None:
+            core.on_published(placed)
     finally:
         if not published and core.pool is not None:
             core.pool.abort(placed)
@@ -174,6 +222,7 @@ def slot(
 ) -> Loop[None]:
     """Until a slot for ``nbytes`` (an ``int``, or a ``CudaNeed``) is free."""
     pool = core.require_pool()
+    limit = wait_limit(core, deadline)
     started: float | None = None
     while not core.check_slot_wait(nbytes):
         if core.spin(core.slot_wait_ready, nbytes):
@@ -183,12 +232,14 @@ def slot(
             started = now
         elif now - started > SLOW_SLOT_WAIT:
             core.warn_slow_slot_wait(nbytes, now - started)
+        if limit is not None and now >= limit:
+            raise _stalled(core, nbytes, now - started, True)
         if slot_deadline is not None and now >= slot_deadline:
             raise core.slot_timeout(nbytes)
         until = math.inf
-        for limit in (deadline, slot_deadline):
-            if limit is not None:
-                until = min(until, limit)
+        for t in (limit, slot_deadline):
+            if t is not None:
+                until = min(until, t)
         if pool.loans:
             until = min(until, now + LOAN_TICK)  # a dropped loan rings no doorbell
         if started + SLOW_SLOT_WAIT > now and not core.slot_wait_warned:
@@ -198,7 +249,7 @@ def slot(
             _SLOTS,
             core.slot_wait_ready,
             (nbytes,),
-            deadline,
+            None,
             None if until == math.inf else until,
         )
 

@@ -20,7 +20,25 @@ watches it for the life of the broadcast, a blocking writer's watcher thread pol
 it.  :meth:`BroadcastHub.poll` does what is pending without ever waiting -- accepts,
 steps handshakes, drains doorbells, retires readers that went -- and reports what
 happened to readers as :class:`ReaderEvent` s; what to *do* about a lost reader (go
-on, or fail the broadcast) is the writer core's policy (:mod:`ringwire._conn.broadcast`).
+on, or fail the broadcast) is the writer's policy (``on_lost``, installed by
+:class:`~ringwire._conn.broadcast.BroadcastEndpoint`).
+
+The writer's transport
+----------------------
+The hub is also the :class:`~ringwire._conn.transport.Transport` of the writer's
+endpoint, a send-only one: its sending lane (``tx``) is the broadcast ring's
+:class:`~ringwire._wire.broadcast_ring.BroadcastWriter`, its receiving lane (``rx``)
+a :class:`~ringwire._shm.broadcast_reader.NullReader`, its send pool the
+:class:`~ringwire._shm.broadcast_pool.BroadcastPool` (a record's slots are
+:meth:`published <BroadcastHub.published>` to the readers admitted then), and it has
+no receive pool.  :meth:`~BroadcastHub.ring` rings the readers the lane or the pool
+listed; :meth:`~BroadcastHub.drain` is :meth:`~BroadcastHub.poll`; the writer's peer
+never hangs up (:meth:`~BroadcastHub.hung_up` is ``False``: readers come and go, a
+failed broadcast is the endpoint's ``broken`` state), so a send never drains the hub
+between publishing a record and recording who holds its slots.  A waiting writer
+that gives up names who it waited for: :meth:`~BroadcastHub.stalled_on_room` (the
+ring's laggards) and :meth:`~BroadcastHub.stalled_on_slot` (the readers that hold
+slots).
 
 Admission happens when ``Joined`` is sent, between two publishes (the hub is only
 driven from the writer's thread, or under its lock): the reader starts at the current
@@ -44,11 +62,20 @@ import os
 import selectors
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import posix_ipc
 
-from .._errors import HandshakeError, ProtocolError, RingwireError, SharedMemoryFull
+from .._errors import (
+    HandshakeError,
+    ProtocolError,
+    ReaderStalled,
+    RingwireError,
+    SharedMemoryFull,
+    SlotWaitTimeout,
+)
+from .._pool.protocols import Placed
 from .._pool.segment import Segment, pid_alive, sweep
 from .._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
 from .._wire.broadcast_control import (
@@ -62,10 +89,18 @@ from .._wire.broadcast_control import (
     validate_join,
 )
 from .._wire.broadcast_ring import BroadcastWriter, broadcast_ring_size, init_broadcast_ring
-from .._wire.control import ControlReader, SegmentSpec, choose_version, encode_abort
+from .._wire.codec import Encoder
+from .._wire.control import (
+    DOORBELL_SPACE,
+    ControlReader,
+    SegmentSpec,
+    choose_version,
+    encode_abort,
+)
 from .._wire.ring import init_ring, validate_capacity
 from .._wire.slotlayout import init_pool, pool_size
 from .broadcast_pool import LANE_SIZE, BroadcastPool
+from .broadcast_reader import NullReader
 from .sockets import bind_unix_socket, check_peer
 
 __all__ = ["BroadcastHub", "ReaderEvent"]
@@ -73,6 +108,10 @@ __all__ = ["BroadcastHub", "ReaderEvent"]
 logger = logging.getLogger("ringwire")
 _MAX_RECORD_SLACK = 1024  # bytes of a record's frame left for what is not array data
 _WAKE = object()
+
+
+def _ignore(event: ReaderEvent) -> None:
+    pass
 
 
 class ReaderEvent(NamedTuple):
@@ -150,6 +189,16 @@ class BroadcastHub:
         self.closed = False
         self.doorbells_sent = self.doorbells_received = 0
         self.joined = self.left = self.lost = self.refused = 0
+        # the writer's policy for a lost reader (see settle); by default: just forget it
+        self.on_lost: Callable[[ReaderEvent], None] = _ignore
+        # the Transport face (see the module docstring)
+        self.rx = NullReader()
+        self.peer_pid = 0  # many peers: ReaderInfo.pid names each
+        self.version = max(BROADCAST_VERSIONS)
+        self.recv_pool = None
+        self.encoder = Encoder()  # places arrays in the shared pool (Encoder.encode_with)
+        self.tensor_path, self.nixl_off = "slots", ""
+        self.peer_reason: str | None = None
         self._fds: list[int] = []
         self._segs: list[Segment] = []
         self.pool: BroadcastPool | None = None
@@ -160,9 +209,12 @@ class BroadcastHub:
             self._segs.append(seg)
             self._fds.append(fd)
             init_broadcast_ring(seg.buf, 0, capacity, readers)
-            self.writer = BroadcastWriter(seg.buf)
+            self.writer = self.tx = BroadcastWriter(seg.buf)
+            self.writer.on_faulty = self.wake  # a bad head: retire it at the next drain
             if slots is not None:
                 self.pool = self._make_pool(slots)
+                self.pool.on_fault = self.settle
+            self.send_pool = self.pool
             self._sel = selectors.DefaultSelector()
             self._wake_r, self._wake_w = socket.socketpair()
             self._wake_r.setblocking(False)
@@ -247,7 +299,28 @@ class BroadcastHub:
                 self._step_join(c)
         if self._pending or any(not c.ready for c in self.conns.values()):
             self._expire()
+        self.settle()
         return woke
+
+    def settle(self) -> None:
+        """Retire the readers found faulty (a head out of the ring, a release of a slot
+        they did not hold), then hand every reader lost since the last call to
+        ``on_lost`` (the writer's policy).  Never waits."""
+        writer, pool = self.writer, self.pool
+        if writer.faulty:
+            for r in writer.faulty:
+                self.lose(r, "moved its head out of the ring")
+            writer.faulty.clear()
+        if pool is not None and pool.faulty:
+            for r in pool.faulty:
+                self.lose(r, "released a slot it did not hold")
+            pool.faulty.clear()
+        events = self.events
+        if events:
+            lost = [ev for ev in events if ev.kind == "lost"]
+            events.clear()
+            for ev in lost:
+                self.on_lost(ev)
 
     def _accept(self) -> None:
         while True:
@@ -483,7 +556,18 @@ class BroadcastHub:
 
     # -- doorbells ----------------------------------------------------------------------
 
-    def ring(self, ranks: Any, byte: bytes) -> None:
+    def ring(self, byte: bytes) -> bool:
+        """(Transport) Ring the readers that need ``byte``: those the lane listed after a
+        publish or a close, or (``DOORBELL_SPACE``) those the pool listed after a poll.
+        Always ``True``: a reader that is gone is retired by its end of file."""
+        if byte == DOORBELL_SPACE:
+            if self.pool is not None:
+                self.ring_ranks(self.pool.ring_back, byte)
+        else:
+            self.ring_ranks(self.writer.to_ring, byte)
+        return True
+
+    def ring_ranks(self, ranks: Any, byte: bytes) -> None:
         """One doorbell to each reader in ``ranks`` (a gone one is retired at the next
         :meth:`poll`, by its end of file)."""
         conns = self.conns
@@ -496,6 +580,77 @@ class BroadcastHub:
                 self.doorbells_sent += 1
             except OSError:
                 pass  # full: it wakes anyway; gone: its end of file is pending
+
+    # -- the rest of the Transport face ---------------------------------------------------
+
+    def drain(self) -> bool:
+        """(Transport) :meth:`poll`; never a hang-up (see the module docstring)."""
+        self.poll()
+        return False
+
+    def hung_up(self) -> bool:
+        """(Transport) ``False``: the writer's readers come and go, none is *the* peer."""
+        return False
+
+    def abort(self, reason: str) -> None:
+        """(Transport) Fail the broadcast, telling every reader ``reason``."""
+        if not self.closed:
+            self.fail(reason)
+
+    def shutdown(self) -> None:
+        """(Transport) Wake whatever waits on :meth:`fileno`."""
+        self.wake()
+
+    def published(self, placed: Placed) -> None:
+        """A record that took ``placed`` was just published: the readers admitted now
+        each hold each of its slots."""
+        if self.pool is not None:
+            self.pool.published(placed, self.live_mask)
+
+    # -- naming who a writer waits for ------------------------------------------------
+
+    def who(self, ranks: Any) -> str:
+        return ", ".join(f"rank {r} (pid {self.pid_of(r)})" for r in ranks)
+
+    def stalled_on_room(self, size: int, waited: float) -> ReaderStalled:
+        """What a writer that waited ``waited`` s for room for a ``size``-byte record
+        raises: the live readers that hold the space, slowest first."""
+        ring = self.writer
+        slow = ring.laggards(size)
+        if not slow:
+            slow = sorted(ring.live, key=ring.head_of)[:1]
+        behind = ", ".join(
+            f"rank {r} (pid {self.pid_of(r)}, {ring.behind(r)} bytes behind"
+            + ("" if self.is_ready(r) else ", not ready yet")
+            + ")"
+            for r in slow
+        )
+        return ReaderStalled(
+            f"broadcast {self.path}: no room for a {size}-byte record after {waited:.3g} s: "
+            f"waiting for {behind or 'no reader'} (ring of {ring.capacity} bytes); "
+            "drop_reader() them, or give them more time",
+            tuple(slow),
+            tuple(self.pid_of(r) for r in slow),
+        )
+
+    def stalled_on_slot(self, nbytes: Any, waited: float, *, stall: bool) -> RingwireError:
+        """What a writer that waited ``waited`` s for a free slot raises: the readers
+        holding slots, most first -- :class:`ReaderStalled` (``stall``: the stall or
+        the caller's timeout ran out) or :class:`SlotWaitTimeout` (the pool's
+        ``wait_timeout``)."""
+        pool = self.pool
+        assert pool is not None
+        held = sorted(pool.holders_summary().items(), key=lambda kv: -kv[1])
+        who = ", ".join(f"rank {r} (pid {self.pid_of(r)}) holds {n}" for r, n in held)
+        text = (
+            f"broadcast {self.path}: no slot for {nbytes} bytes was released within "
+            f"{waited:.3g} s ({pool.config.describe()}; {who or 'no reader holds any'}): "
+            "readers keep received arrays alive -- release them, or keep copy_out() copies"
+        )
+        if stall:
+            ranks = tuple(r for r, _ in held)
+            return ReaderStalled(text, ranks, tuple(self.pid_of(r) for r in ranks))
+        return SlotWaitTimeout(text)
 
     # -- closing ----------------------------------------------------------------------
 

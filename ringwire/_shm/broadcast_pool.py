@@ -31,6 +31,15 @@ reader that goes (death, leave, drop) gives up its share of every slot at once
 (:meth:`BroadcastPool.drop`), after the releases it had published are counted.  A
 record published with no reader at all frees its slots right away.
 
+To the writer's :class:`~ringwire._conn.endpoint.Endpoint` this is its send pool:
+it places, loans, aborts, answers ``can_allocate`` / ``futile`` / ``consumed`` as the
+``SendPool`` inside it does, and its :meth:`~BroadcastPool.poll` (run at the
+endpoint's safe points while :meth:`~BroadcastPool.has_work`) counts the readers'
+releases instead of reading one lane.  What it cannot do alone it hands to the hub:
+the ranks to ring for room in their lanes (:attr:`~BroadcastPool.ring_back`, rung by
+the hub's ``ring(DOORBELL_SPACE)``) and the readers whose releases were refused
+(``on_fault``: the hub retires them).
+
 Only the writer's thread touches this (the writer's lock serialises a blocking
 writer with its watcher thread); finalizers of dropped loans only append to the
 ``ShmSendPool``'s deque, taken back at the next :meth:`BroadcastPool.poll`.
@@ -46,12 +55,12 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import RingCorrupted, SlotRefused
 from .._pool.cuda import split_tag
-from .._pool.protocols import Placed
+from .._pool.protocols import Placed, Placement
 from .._pool.segment import Segment
 from .._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
 from .._wire.ring import RingReader, init_ring, ring_size
@@ -70,7 +79,11 @@ def lane_offset(layout: PoolLayout, rank: int) -> int:
 
 
 class BroadcastPool:
-    """The writer's slot pool, shared by every reader (see the module docstring)."""
+    """The writer's slot pool, shared by every reader (see the module docstring): a
+    :class:`~ringwire._pool.protocols.SendPool` whose records are published to a
+    mask of readers."""
+
+    reuses_placements = True  # as the ShmSendPool it wraps: a Placement holds nothing else
 
     def __init__(
         self, seg: Segment, layout: PoolLayout, config: SlotConfig, max_inline: int, readers: int
@@ -85,7 +98,45 @@ class BroadcastPool:
         self.faulty: list[int] = []  # ranks whose releases were refused
         self.shares_dropped = 0  # releases owed by readers that went
         self.releases = 0
+        self.ring_back: list[int] = []  # after poll(): ranks waiting for room in their lane
+        self.on_fault: Callable[[], None] | None = None  # after poll() found ``faulty`` ones
+        self.gone = False  # (a SendPool's "the consumer is gone": a broadcast outlives readers)
         self._parked = 0
+        self._closed = False
+
+        # the send pool's own, on the send path of every record (no frame of ours)
+        self.placement: Callable[[str | None], Placement] = self.send.placement
+        self.place: Callable[[Any, Any], Any] = self.send.place
+        self.abort: Callable[[Sequence[tuple[int, int, bool]]], None] = self.send.abort
+        self.loans = self.send.loans  # (the set and the deque themselves: never replaced)
+        self.loan_returns = self.send.loan_returns
+        # the endpoint's cheap check at every safe point: is a slot held by a reader?
+        # (then it polls the release lanes; a C call on the send path, no frame of ours;
+        # releases_published() is the exact answer)
+        self.releases_ready: Callable[[], Any] = self.holders.__len__
+
+    # -- the send pool's face (what the endpoint calls, as on a SendPool) ---------------
+
+    def can_allocate(self, nbytes: Any) -> bool:
+        return self.send.can_allocate(nbytes)
+
+    def futile(self, need: Any = 0) -> bool:
+        return self.send.futile(need)
+
+    def loan(self, *spec: Any) -> Any:
+        return self.send.loan(*spec)
+
+    def loan_fallback(self, *spec: Any) -> Any:
+        return self.send.loan_fallback(*spec)
+
+    def reclaim(self, *, publish: bool = True) -> int:
+        """(Nothing to reclaim at once: every reader gives up its shares as it goes.)"""
+        return 0
+
+    @property
+    def reclaimed(self) -> int:
+        """Shares of slots given up for readers that went (the broadcast's reclaim)."""
+        return self.shares_dropped
 
     # -- readers ----------------------------------------------------------------------
 
@@ -136,15 +187,23 @@ class BroadcastPool:
     # -- releases -----------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        if self.send.loan_returns:
-            return True
+        """Releases or dropped loans are waiting to be processed."""
+        return bool(self.loan_returns) or self.releases_published()
+
+    def releases_published(self) -> bool:
+        """Has a reader published releases?  (Only while some slot is held: a lane with
+        frames then is a faulty reader's, found at the next poll that has work.)"""
+        if not self.holders:
+            return False
         return any(lane.available() for lane in self.lanes.values())
 
-    def poll(self) -> list[int]:
+    def poll(self) -> bool:
         """Count every release the readers published (and take back dropped loans);
-        return the ranks that need a doorbell back (they wait for room in their lane).
-        A reader whose release is refused lands in :attr:`faulty`."""
-        ring_back: list[int] = []
+        ``True`` if some readers wait for room in their lane (listed in
+        :attr:`ring_back`: the caller rings them).  A reader whose release is refused
+        lands in :attr:`faulty`, and ``on_fault`` is called."""
+        ring_back = self.ring_back
+        ring_back.clear()
         for rank, lane in list(self.lanes.items()):
             try:
                 if self._poll_lane(rank, lane):
@@ -154,7 +213,9 @@ class BroadcastPool:
                 self.faulty.append(rank)
         if self.send.loan_returns:
             self.send.poll()  # only loans: nobody writes the ShmSendPool's own lane
-        return ring_back
+        if self.faulty and self.on_fault is not None:
+            self.on_fault()
+        return bool(ring_back)
 
     def _poll_lane(self, rank: int, lane: RingReader) -> bool:
         bit = 1 << rank
@@ -247,9 +308,12 @@ class BroadcastPool:
             for lane in self.lanes.values():
                 lane.unpark()
 
-    def close(self) -> None:
+    def close(self, consumer_gone: bool | None = None) -> None:
         """The writer closed: drop the lanes, close the pool (records already published
         stay resolvable for readers that have not read them, see ``ShmSendPool.close``)."""
+        if self._closed:
+            return
+        self._closed = True
         for lane in self.lanes.values():
             lane.release()
         self.lanes.clear()

@@ -13,7 +13,8 @@ names were unlinked by the writer when it made them.
 :class:`~ringwire._conn.endpoint.Endpoint` runs over
 (:class:`ringwire._conn.transport.Transport`): its receiving lane is this reader's
 cursor in the broadcast ring (:class:`~ringwire._wire.broadcast_ring.BroadcastReader`),
-its sending lane is :class:`NullWriter` (a reader publishes nothing), its peer's pool
+its sending lane is :class:`NullWriter` (a reader publishes nothing; the writer's
+transport has the mirror image, :class:`NullReader`), its peer's pool
 is the writer's slot pool with this reader's own release lane; doorbells, aborts and
 liveness travel on its control socket exactly as on a connection's.  So receiving,
 decoding, slot views and their finalizers, ``EndOfStream`` after a clean close and
@@ -53,6 +54,7 @@ from .sockets import ControlSocketEnd, Step, drive_handshake_async, drive_handsh
 
 __all__ = [
     "JoinResult",
+    "NullReader",
     "NullWriter",
     "SubscriberTransport",
     "drive_join_async",
@@ -91,6 +93,46 @@ class NullWriter:
         return False
 
     def reader_wants_doorbell_for_close(self) -> bool:
+        return False
+
+    def park(self) -> None:
+        pass
+
+    def unpark(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+class NullReader:
+    """The broadcast writer's receiving lane: it carries nothing (the writer's
+    transport is send-only; its receives would find no record, ever)."""
+
+    capacity = 0
+    pending = False
+    writer_closed = False
+    read_many_on_error = False
+
+    def next_frame(self) -> memoryview | None:
+        return None
+
+    def read_many(self, fn: Any, max_n: int, out: list[Any]) -> int:
+        return 0
+
+    def commit(self) -> None:
+        pass
+
+    def available(self) -> bool:
+        return False
+
+    def fill(self) -> int:
+        return 0
+
+    def writer_needs_doorbell(self) -> bool:
         return False
 
     def park(self) -> None:

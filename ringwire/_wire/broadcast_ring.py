@@ -86,8 +86,11 @@ on its own flag; every reader, after it moves its head, fences, loads the
 writer-parked word and rings if that park was not rung by it yet (each reader keeps
 its own memory of the park it rang for; a spurious doorbell is harmless).
 
-Everything here is arithmetic over a buffer; the sockets, segments and waiting are
-in :mod:`ringwire._shm.broadcast` and :mod:`ringwire._conn.broadcast`.
+Everything here is arithmetic over a buffer; the sockets and segments are in
+:mod:`ringwire._shm.broadcast`, the writer's endpoint in :mod:`ringwire._conn.broadcast`,
+and the waiting in the channels' loops (:mod:`ringwire._conn.waits`): to them
+:class:`BroadcastWriter` is a lane writer like any other, plus ``live``,
+:meth:`~BroadcastWriter.laggards` (who a stalled writer waits for) and ``faulty``.
 """
 
 from __future__ import annotations
@@ -235,7 +238,7 @@ class BroadcastWriter(RingWriter):
     doorbells go to.  ``live`` lists the readers the space is kept for.
     """
 
-    __slots__ = ("_e", "readers", "live", "_seen", "_rungs", "to_ring", "faulty")
+    __slots__ = ("_e", "readers", "live", "_seen", "_rungs", "to_ring", "faulty", "on_faulty")
 
     def __init__(self, buf: Any, offset: int = 0) -> None:
         cap, n = read_broadcast_header(buf, offset)
@@ -247,6 +250,7 @@ class BroadcastWriter(RingWriter):
         self._rungs = [0] * n  # the park of each reader last rung for
         self.to_ring: list[int] = []  # after reader_needs_doorbell(): whom to ring
         self.faulty: list[int] = []  # readers dropped from ``live`` for a bad head
+        self.on_faulty: Any = None  # called (no arguments) when a reader lands in ``faulty``
 
     def release(self) -> None:
         super().release()
@@ -319,9 +323,12 @@ class BroadcastWriter(RingWriter):
             seen[r] = h
             if h < lo:
                 lo = h
-        for r in bad:
-            self.live.remove(r)
-            self.faulty.append(r)
+        if bad:
+            for r in bad:
+                self.live.remove(r)
+                self.faulty.append(r)
+            if self.on_faulty is not None:
+                self.on_faulty()
         if lo != self._head_cache:
             self._head_cache = lo
             self._q[_HEAD] = lo  # the horizon: stored before any byte of the freed space

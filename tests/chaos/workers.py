@@ -398,7 +398,9 @@ async def role_broadcast_reader(cfg: dict[str, Any]) -> None:
     ``holding`` once ``holding_at`` slot arrays are held."""
     salt, hold = cfg["salt"], cfg.get("hold", 0)
     point("connecting")
-    sub = await ringwire.subscribe(cfg["path"], spin_us=cfg.get("spin_us", 50), timeout=10)
+    sub = await ringwire.subscribe(
+        cfg["path"], spin_us=cfg.get("spin_us", 50), handshake_timeout=10
+    )
     point("connected", rank=sub.rank)
     held: deque[Any] = deque()
     slot_held = n = 0

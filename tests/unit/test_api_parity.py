@@ -182,13 +182,6 @@ def test_entry_points_and_their_twins_take_the_same_keywords(async_fn: Any, sync
     assert not inspect.iscoroutinefunction(sync_fn), sync_fn.__qualname__
 
 
-_RENAMED_ELSEWHERE = pytest.mark.xfail(
-    strict=True,
-    reason="subscribe's timeout= becomes handshake_timeout= in the broadcast slice of issue "
-    "23: drop this mark when it is merged",
-)
-
-
 @pytest.mark.parametrize(
     "fn",
     [
@@ -200,8 +193,8 @@ _RENAMED_ELSEWHERE = pytest.mark.xfail(
         ringwire.broadcast_sync,
         ringwire.PairEnd.connect,
         ringwire.PairEnd.connect_sync,
-        pytest.param(ringwire.subscribe, marks=_RENAMED_ELSEWHERE),
-        pytest.param(ringwire.subscribe_sync, marks=_RENAMED_ELSEWHERE),
+        ringwire.subscribe,
+        ringwire.subscribe_sync,
     ],
     ids=lambda f: f.__qualname__.replace(".", "_"),
 )

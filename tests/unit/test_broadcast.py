@@ -424,8 +424,10 @@ def test_bad_arguments(bpath):
     with pytest.raises(ValueError, match="readers"):
         ringwire.broadcast_sync(bpath, readers=0)
     assert not os.path.exists(bpath)
-    with pytest.raises(NotImplementedError, match="TCP"):
+    with pytest.raises(NotImplementedError, match="TCP") as info:
         ringwire.subscribe_sync("tcp://127.0.0.1:5555")
+    assert "'tcp://127.0.0.1:5555'" in str(info.value)  # names the address...
+    assert "Unix socket path" in str(info.value) and "ringwire.connect" in str(info.value)
     with pytest.raises(FileNotFoundError):
         ringwire.subscribe_sync(bpath)
 
@@ -530,3 +532,80 @@ def test_receive_many_and_the_nowait_forms(bpath):
         sub.close()
         with pytest.raises(ClosedResourceError):
             sub.receive(timeout=1)
+
+
+# -- one core: the writer is an endpoint, the drivers are the channels' -----------------
+
+
+def test_the_writer_and_the_readers_run_on_the_channels_drivers(bpath):
+    """No driver of its own: the writer's sends and receipts are a channel's, over a
+    send-only endpoint; a blocking reader is a SyncChannel that only receives."""
+    from ringwire._conn.endpoint import Endpoint
+    from ringwire._conn.sync_channel import SyncSending
+
+    with ringwire.broadcast_sync(bpath, readers=1, capacity=SMALL, slots=SLOTS) as bc:
+        assert isinstance(bc, SyncSending) and isinstance(bc._core, Endpoint)
+        assert ringwire.SyncBroadcaster.send is ringwire.SyncChannel.send
+        assert ringwire.Broadcaster.send is ringwire.Channel.send
+        assert issubclass(ringwire.SyncBroadcastReceipt, ringwire.SyncReceipt)
+        assert issubclass(ringwire.BroadcastReceipt, ringwire.Receipt)
+        with ringwire.subscribe_sync(bpath) as sub:
+            assert type(sub._chan) is ringwire.SyncChannel
+            bc.wait_ready(1, timeout=10)
+            receipt = bc.send_tracked(step(0, 8192), timeout=10)
+            assert isinstance(receipt, ringwire.SyncBroadcastReceipt)
+            rec = sub.receive(timeout=10)
+            assert digest(rec)[0] == 0 and not receipt.consumed
+            del rec
+            gc.collect()
+            receipt.wait(timeout=10)
+
+
+def test_an_async_writer_names_a_stalled_reader_after_stall_timeout(bpath):
+    """The stall deadline of the shared waiting loop, through the async driver."""
+
+    async def main() -> None:
+        async with ringwire.broadcast(
+            bpath, readers=2, capacity=SMALL, slots=None, stall_timeout=0.2
+        ) as bc:
+            async with await ringwire.subscribe(bpath) as idle:
+                await bc.wait_ready(1)
+                t0 = time.monotonic()
+                with pytest.raises(ReaderStalled) as info:
+                    with anyio.fail_after(10):
+                        for i in range(10_000):
+                            await bc.send(step(i))
+                assert info.value.ranks == (idle.rank,) and info.value.pids == (os.getpid(),)
+                assert 0.15 < time.monotonic() - t0 < 5
+                assert bc.statistics().stalls == 1 and bc.statistics().send_parks >= 1
+
+    anyio.run(main)
+
+
+def test_a_loan_without_a_slot_pool_is_the_endpoints_misuse_error(bpath):
+    """One voice: a broadcast made with slots=None refuses a loan as a channel opened
+    with slots=None does (RingwireError itself: no wait can help, so not SlotsExhausted)."""
+    with ringwire.broadcast_sync(bpath, slots=None) as bc:
+        with pytest.raises(ringwire.RingwireError, match="slots=None") as info:
+            bc.loan((4,), np.float32)
+        assert type(info.value) is ringwire.RingwireError
+
+
+def test_a_join_that_gets_no_answer_times_out_after_handshake_timeout(bpath):
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        mute.bind(bpath)
+        mute.listen(8)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            ringwire.subscribe_sync(bpath, handshake_timeout=0.2)
+        assert 0.15 < time.monotonic() - t0 < 5
+
+        async def join() -> None:
+            await ringwire.subscribe(bpath, handshake_timeout=0.2)
+
+        with pytest.raises(TimeoutError):
+            anyio.run(join)
+    finally:
+        mute.close()
+        os.unlink(bpath)

@@ -116,6 +116,57 @@ def test_a_deadline_ends_the_wait_with_timeout_and_unparks() -> None:
     assert b.rx_parked == 0
 
 
+class _Stalling(Endpoint):
+    """An endpoint with a stall deadline and its own stall error (a broadcast writer's
+    shape, on the memory transport)."""
+
+    stall_timeout = 0.05
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.stalled = lambda need, waited, slot: TimeoutError(
+            f"stalled: {need} bytes after {waited:.2f} s (slot: {slot})"
+        )
+
+
+def test_the_stall_deadline_bounds_the_shared_wait_for_room() -> None:
+    """The stall deadline lives in waits.room, for every shape: the wait yields it as
+    its limit, and a send past it raises the endpoint's own error, nothing published."""
+    ta, tb = memory_pair(1024)
+    a, b = _Stalling(ta, spin_us=0), Endpoint(tb, spin_us=0)
+    payload = a.encode(b"x" * 300)
+    while a.try_send(payload):
+        pass
+    loop = waits.room(a, payload, deadline=time.monotonic() + 60)
+    w = step(loop)
+    assert isinstance(w, waits.Wait) and w.until is not None
+    assert w.until < time.monotonic() + 1  # the stall deadline, not the caller's
+    time.sleep(0.06)
+    with pytest.raises(
+        TimeoutError, match=rf"stalled: {len(payload)} bytes after 0.\d+ s \(slot: False"
+    ):
+        loop.send(None)
+    assert a.tx_parked == 0 and a.statistics().records_sent == 3
+    assert [b.try_receive(b.dec) for _ in range(4)] == [b"x" * 300] * 3 + [EMPTY]
+
+
+def test_a_channel_has_no_stall_deadline() -> None:
+    """Without one only the caller's deadline bounds a send (the plain TimeoutError)."""
+    a, _ = endpoints(capacity=1024)
+    assert a.stall_timeout is None and a.stalled is None and waits.wait_limit(a, None) is None
+    payload = a.encode(b"x" * 300)
+    while a.try_send(payload):
+        pass
+    loop = waits.room(a, payload)
+    w = step(loop)
+    assert isinstance(w, waits.Wait) and w.until is None
+    loop.close()
+    loop = waits.room_many(a, [payload], None, deadline=time.monotonic() - 1)
+    with pytest.raises(TimeoutError, match="timed out"):
+        step(loop)
+    assert a.tx_parked == 0 and a.statistics().records_sent == 3
+
+
 def test_end_of_stream_comes_after_every_record() -> None:
     a, b = endpoints()
     a.try_send(a.encode(1))
