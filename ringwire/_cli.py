@@ -5,7 +5,7 @@
     python -m ringwire inspect [--json] [--pid PID] [--plain]
     python -m ringwire cleanup [--dry-run] [--json]
     python -m ringwire keygen DIR [--name NAME] [--force]   (CURVE keys: ringwire._net.keys)
-    python -m ringwire doctor [--json] [--need NAME,...]   (checks: ringwire._doctor)
+    python -m ringwire doctor [--json] [--need NAME,...]    (ringwire._doctor)
 
 Where the information comes from
 --------------------------------
@@ -52,7 +52,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import struct
 import sys
 import time
@@ -60,7 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from . import _doctor
+from ._doctor import add_command as add_doctor_command
 from ._net import sockdiag
 from ._net.keys import add_command as add_keygen_command
 from ._shm.segment import SHM_DIR, pid_alive, stale_segments, sweep
@@ -742,27 +741,6 @@ def _cleanup(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if left else 0
 
 
-def _doctor_cmd(args: argparse.Namespace, out: TextIO) -> int:
-    needs: list[str] = []
-    for item in args.need or ():
-        for name in filter(None, (part.strip().lower() for part in item.split(","))):
-            if name not in _doctor.NEEDS:
-                print(
-                    f"ringwire doctor: unknown --need {name!r}; one of: {', '.join(_doctor.NEEDS)}",
-                    file=sys.stderr,
-                )
-                return 2
-            if name not in needs:
-                needs.append(name)
-    report = _doctor.gather(needs, timeout=args.timeout)
-    if args.json:
-        out.write(_doctor.render_json(report) + "\n")
-    else:
-        width = shutil.get_terminal_size((100, 24)).columns if out.isatty() else 100
-        out.write(_doctor.render_text(report, width=max(width, 60)))
-    return _doctor.exit_status(report.checks, report.needs)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ringwire",
@@ -793,36 +771,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="list what would be removed")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=_cleanup)
-    d = sub.add_parser(
-        "doctor",
-        help="what this machine will use (segments, /dev/shm, limits, C ring, torch, CUDA, "
-        "NIXL, CURVE) and what to fix",
-        description=(
-            "Check this machine for ringwire: the segment kind, /dev/shm's size and free "
-            "space against what a default connection reserves, the memory cgroup's limit, "
-            "huge pages, the C ring, torch and CUDA (devices, IPC), NIXL and the UCX "
-            "transports it reaches, libzmq with CURVE; each problem with its fix.  torch "
-            "and NIXL are probed in child processes, killed after --timeout seconds.  "
-            "Exit status 1 when the defaults cannot work here (no shared memory, or "
-            f"{SHM_DIR} cannot hold one default connection) or when a capability named "
-            "with --need is not ok; else 0 (optional capabilities that are absent are "
-            "reported, not errors).  2: bad usage."
-        ),
-    )
-    d.add_argument("--json", action="store_true", help="one JSON object (stable keys)")
-    d.add_argument(
-        "--need",
-        action="append",
-        metavar="NAME[,NAME...]",
-        help=f"make these an error when not ok: {', '.join(_doctor.NEEDS)}",
-    )
-    d.add_argument(
-        "--timeout",
-        type=float,
-        default=_doctor.PROBE_TIMEOUT,
-        help="seconds each child probe (torch, NIXL) may take (default %(default)s)",
-    )
-    d.set_defaults(func=_doctor_cmd)
+    add_doctor_command(sub)
     add_keygen_command(sub)
     return parser
 

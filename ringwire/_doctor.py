@@ -28,8 +28,9 @@ Exit status (:func:`exit_status`): 1 when a check the *defaults* need fails
 with ``--need`` is not ``ok``; else 0.  (2: bad usage, from argparse.)
 
 Nothing here initialises CUDA or UCX in this process: torch and NIXL are probed in
-child processes bounded by :data:`PROBE_TIMEOUT` (a broken driver can hang
-``cuInit``), so the doctor itself never hangs and stays fork-safe.
+child processes bounded by :data:`PROBE_TIMEOUT` (:mod:`ringwire._probes`: a broken
+driver can hang ``cuInit``), so the doctor itself never hangs and stays fork-safe.
+:func:`add_command` registers ``doctor`` with ``python -m ringwire`` (:mod:`ringwire._cli`).
 """
 
 from __future__ import annotations
@@ -39,13 +40,15 @@ import json
 import mmap
 import os
 import platform
-import subprocess
+import shutil
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from . import _probes as probes
 
 __all__ = [
     "CHECKS",
@@ -65,8 +68,9 @@ __all__ = [
     "check_torch",
     "default_footprint",
     "exit_status",
+    "add_command",
     "gather",
-    "memfd_support",
+    "parse_needs",
     "memory_limit",
     "render_json",
     "render_text",
@@ -139,31 +143,6 @@ def segment_kind() -> str:
     name in ``/dev/shm``, through ``posix_ipc``) or ``"memfd"`` (memory files passed
     over the control socket).  The one place to change when the segment code does."""
     return "named"
-
-
-def memfd_support() -> str | None:
-    """``None`` when this kernel offers ``memfd_create`` with sealing (``F_SEAL_SHRINK``),
-    else why not.  Creates and closes one empty memory file."""
-    create = getattr(os, "memfd_create", None)
-    if create is None:
-        return f"os.memfd_create is not available ({sys.platform})"
-    import fcntl
-
-    add_seals = getattr(fcntl, "F_ADD_SEALS", None)
-    seal_shrink = getattr(fcntl, "F_SEAL_SHRINK", None)
-    if add_seals is None or seal_shrink is None:
-        return "fcntl has no F_ADD_SEALS / F_SEAL_SHRINK"
-    try:
-        fd = create("ringwire-doctor", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    except OSError as exc:
-        return f"memfd_create failed: {exc}"
-    try:
-        fcntl.fcntl(fd, add_seals, seal_shrink)
-    except OSError as exc:
-        return f"sealing a memory file failed: {exc}"
-    finally:
-        os.close(fd)
-    return None
 
 
 def check_segments(kind: str, memfd: str | None, posix_ipc_error: str | None) -> Check:
@@ -436,24 +415,6 @@ def check_native(native: bool, reason: str) -> Check:
 
 # -- torch and CUDA (a child process) -----------------------------------------------------
 
-_TORCH_PROBE = """
-import json, sys
-out = {}
-try:
-    import torch
-except Exception as exc:
-    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"})); sys.exit(0)
-out["version"] = str(torch.__version__)
-out["cuda_build"] = torch.version.cuda
-try:
-    out["available"] = bool(torch.cuda.is_available())
-    n = torch.cuda.device_count() if out["available"] else 0
-    out["devices"] = [torch.cuda.get_device_name(i) for i in range(n)]
-except Exception as exc:
-    out["cuda_error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(out))
-"""
-
 
 def check_torch(probe: dict[str, Any] | None) -> Check:
     """``probe``: what the torch probe printed (``{"version", "cuda_build", "available",
@@ -509,55 +470,10 @@ def check_cuda(probe: dict[str, Any] | None, visible: str | None) -> Check:
 
 # -- NIXL and UCX (a child process) -------------------------------------------------------
 
-# Creates the agent ringwire creates (ringwire._net.nixl.Agent), then asks UCX itself
-# which transports and devices it reaches (ucp_context_print_info, through ctypes; the
-# same libucp NIXL loaded, the same UCX_* environment).
-_NIXL_PROBE = r"""
-import ctypes, glob, json, logging, os, sys
-logging.getLogger("nixl").setLevel(logging.WARNING)
-out = {}
-try:
-    import nixl_cu12
-    from nixl_cu12._api import nixl_agent, nixl_agent_config
-    agent = nixl_agent("ringwire-doctor", nixl_agent_config(enable_prog_thread=False,
-                                                            backends=["UCX"]))
-    out["ucx_backend"] = "UCX" in agent.backends
-except Exception as exc:
-    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"})); sys.exit(0)
-try:
-    libs = os.path.join(os.path.dirname(os.path.dirname(nixl_cu12.__file__)), "nixl_cu12.libs")
-    found = glob.glob(os.path.join(libs, "libucp-*.so*")) + glob.glob(os.path.join(libs, "libucp.so*"))
-    ucp = ctypes.CDLL(found[0] if found else "libucp.so.0")
-    v = [ctypes.c_uint() for _ in range(3)]
-    ucp.ucp_get_version(*map(ctypes.byref, v))
-    out["ucx_version"] = ".".join(str(x.value) for x in v)
-    config, ctx = ctypes.c_void_p(), ctypes.c_void_p()
-    if ucp.ucp_config_read(None, None, ctypes.byref(config)) != 0:
-        raise RuntimeError("ucp_config_read failed")
-    params = (ctypes.c_uint64 * 64)()
-    params[0], params[1] = 1, 2  # field_mask = FEATURES, features = RMA (NIXL reads)
-    ucp.ucp_init_version.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
-                                     ctypes.c_void_p, ctypes.c_void_p]
-    if ucp.ucp_init_version(v[0].value, v[1].value, params, config, ctypes.byref(ctx)) != 0:
-        raise RuntimeError("ucp_init failed")
-    libc = ctypes.CDLL(None)
-    libc.open_memstream.restype = ctypes.c_void_p
-    buf, size = ctypes.c_char_p(), ctypes.c_size_t()
-    stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
-    ucp.ucp_context_print_info.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    ucp.ucp_context_print_info(ctx, ctypes.c_void_p(stream))
-    libc.fclose(ctypes.c_void_p(stream))
-    text = ctypes.string_at(buf, size.value).decode(errors="replace")
-    out["transports"] = [line.split("--", 1)[1].strip() for line in text.splitlines()
-                         if "resource" in line and "--" in line]
-    ucp.ucp_cleanup(ctx)
-    ucp.ucp_config_release(config)
-except Exception as exc:
-    out["ucx_error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(out))
-"""
 
-_RDMA = ("rc", "dc", "ud", "ib", "mlx5", "efa", "rdmacm", "verbs")
+_RDMA = ("rc", "dc", "ud", "srd", "ib")
+"""UCX transport families that are RDMA (``rc_mlx5``, ``dc_mlx5``, ``ud_verbs``, EFA's
+``srd``...): the part of a transport's name before ``_``."""
 
 
 def check_nixl(
@@ -569,10 +485,10 @@ def check_nixl(
     "transports"}``, ``{"error"}``, ``{"ucx_error"}`` or ``{"timeout"}``);
     ``ucx_tls``: the ``UCX_TLS`` environment variable."""
     facts: dict[str, Any] = {"version": version, "disabled": disabled or ""}
-    version = f"nixl-cu12 {version}"
     if version is None:
         return Check("nixl", "absent", "not installed: tcp:// arrays travel as ZeroMQ frames",
                      "pip install 'ringwire[nixl]'  (nixl-cu12)", facts)  # fmt: skip
+    version = f"nixl-cu12 {version}"
     if disabled is not None:
         return Check("nixl", "warn", f"{version} installed, but off: {disabled}",
                      "unset RINGWIRE_NIXL", facts)  # fmt: skip
@@ -596,7 +512,7 @@ def check_nixl(
                      f"be listed: {probe['ucx_error']}{tls}", "", facts)  # fmt: skip
     transports = probe.get("transports") or []
     kinds = sorted({t.split("/")[0] for t in transports})
-    rdma = [t for t in transports if t.split("/")[0] in _RDMA]
+    rdma = [t for t in transports if t.split("/")[0].split("_")[0] in _RDMA]
     reach = ", ".join(transports) or "none"
     ucx = f"UCX {probe.get('ucx_version', '?')}"
     if not transports:
@@ -659,31 +575,6 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _spawn(code: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", NIXL_LOG_LEVEL="WARN")
-    return subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
-
-
-def _collect(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return {"timeout": timeout}
-    last = out.strip().splitlines()[-1:] if out else []
-    try:
-        result = json.loads(last[0]) if last else None
-    except ValueError:
-        result = None
-    if not isinstance(result, dict):
-        return {"error": f"the probe exited with status {proc.returncode} and no answer"}
-    return result
-
-
 def _installed(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -693,19 +584,22 @@ def _installed(dist: str) -> str | None:
 
 def gather(
     needs: Sequence[str] = (), timeout: float = PROBE_TIMEOUT,
-    progress: Callable[[str], None] | None = None,
 ) -> Report:  # fmt: skip
     """Take every reading on this machine and run every check (the torch and NIXL
     probes run in child processes at once, each killed after ``timeout`` seconds).
     Raises nothing: a reading that fails is a check's ``fail`` or ``absent``."""
     import ringwire
 
-    torch_proc = _spawn(_TORCH_PROBE) if importlib.util.find_spec("torch") else None
+    torch_proc = probes.start(probes.TORCH_PROBE) if importlib.util.find_spec("torch") else None
     nixl_version = _installed("nixl-cu12")
     nixl_disabled = None
     if os.environ.get("RINGWIRE_NIXL", "1").strip().lower() in ("0", "no", "off", "false"):
         nixl_disabled = f"RINGWIRE_NIXL={os.environ['RINGWIRE_NIXL']}"
-    nixl_proc = _spawn(_NIXL_PROBE) if nixl_version is not None and nixl_disabled is None else None
+    nixl_proc = (
+        probes.start(probes.NIXL_PROBE)
+        if nixl_version is not None and nixl_disabled is None
+        else None
+    )
     try:
         kind = segment_kind()
         try:
@@ -720,7 +614,7 @@ def gather(
         except OSError as exc:
             stat = exc
         checks = [
-            check_segments(kind, memfd_support(), posix_error),
+            check_segments(kind, probes.memfd_support(), posix_error),
             check_shm(stat, footprint, kind),
             check_memory_limit(
                 memory_limit(_read("/proc/self/cgroup") or "", _read("/proc/self/mountinfo") or ""),
@@ -738,12 +632,10 @@ def gather(
             checks_zmq = check_curve(zmq.pyzmq_version(), zmq.zmq_version(), bool(zmq.has("curve")))
         except ImportError:
             checks_zmq = check_curve(None, None, False)
-        if progress is not None and (torch_proc or nixl_proc):
-            progress("probing torch and NIXL in child processes...")
-        torch_probe = _collect(torch_proc, timeout) if torch_proc else None
+        torch_probe = probes.collect(torch_proc, timeout) if torch_proc else None
         checks.append(check_torch(torch_probe))
         checks.append(check_cuda(torch_probe, os.environ.get("CUDA_VISIBLE_DEVICES")))
-        nixl_probe = _collect(nixl_proc, timeout) if nixl_proc else None
+        nixl_probe = probes.collect(nixl_proc, timeout) if nixl_proc else None
         checks.append(
             check_nixl(nixl_version, nixl_disabled, nixl_probe, os.environ.get("UCX_TLS"))
         )
@@ -820,3 +712,69 @@ def render_text(report: Report, width: int = 100) -> str:
         what = [_TITLES[m] if m in _TITLES else f"--need {m}" for m in missing]
         lines.append(f"result: not usable as asked: {', '.join(what)} (exit status {status})")
     return "\n".join(lines) + "\n"
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def add_command(sub: Any) -> None:
+    """Register ``doctor`` with the ``python -m ringwire`` subcommands ``sub``."""
+    d = sub.add_parser(
+        "doctor",
+        help="what this machine will use (segments, /dev/shm, limits, C ring, torch, CUDA, "
+        "NIXL, CURVE) and what to fix",
+        description=(
+            "Check this machine for ringwire: the segment kind, /dev/shm's size and free "
+            "space against what a default connection reserves, the memory cgroup's limit, "
+            "huge pages, the C ring, torch and CUDA (devices, IPC), NIXL and the UCX "
+            "transports it reaches, libzmq with CURVE; each problem with its fix.  torch "
+            "and NIXL are probed in child processes, killed after --timeout seconds.  "
+            "Exit status 1 when the defaults cannot work here (no shared memory, or "
+            f"{SHM_DIR} cannot hold one default connection) or when a capability named "
+            "with --need is not ok; else 0: optional capabilities that are absent are "
+            "reported, not errors.  2: bad usage."
+        ),
+    )
+    d.add_argument("--json", action="store_true", help="one JSON object (stable keys)")
+    d.add_argument(
+        "--need",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME...]",
+        help=f"exit status 1 unless these are ok: {', '.join(NEEDS)} (repeatable)",
+    )
+    d.add_argument(
+        "--timeout",
+        type=float,
+        default=PROBE_TIMEOUT,
+        help="seconds each child probe (torch, NIXL) may take (default %(default)s)",
+    )
+    d.set_defaults(func=_command)
+
+
+def parse_needs(values: Iterable[str]) -> list[str]:
+    """``--need`` values (comma-separated, repeatable) as a list of :data:`NEEDS` keys.
+    Raises ``ValueError`` naming an unknown one and the known ones."""
+    needs: list[str] = []
+    for value in values:
+        for name in filter(None, (part.strip().lower() for part in value.split(","))):
+            if name not in NEEDS:
+                raise ValueError(f"unknown --need {name!r}; one of: {', '.join(NEEDS)}")
+            if name not in needs:
+                needs.append(name)
+    return needs
+
+
+def _command(args: Any, out: TextIO) -> int:
+    try:
+        needs = parse_needs(args.need)
+    except ValueError as exc:
+        print(f"ringwire doctor: {exc}", file=sys.stderr)
+        return 2
+    report = gather(needs, timeout=args.timeout)
+    if args.json:
+        out.write(render_json(report) + "\n")
+    else:
+        width = shutil.get_terminal_size((100, 24)).columns if out.isatty() else 100
+        out.write(render_text(report, width=max(width, 60)))
+    return exit_status(report.checks, report.needs)
