@@ -57,6 +57,7 @@ __all__ = [
     "PROBE_TIMEOUT",
     "Check",
     "Report",
+    "add_command",
     "check_cuda",
     "check_curve",
     "check_huge_pages",
@@ -68,16 +69,17 @@ __all__ = [
     "check_torch",
     "default_footprint",
     "exit_status",
-    "add_command",
     "gather",
-    "parse_needs",
+    "human",
     "memory_limit",
+    "parse_needs",
     "render_json",
     "render_text",
     "segment_kind",
+    "unmet",
 ]
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = "/dev/shm"  # where named segments live (ringwire._shm.segment.SHM_DIR)
 PROBE_TIMEOUT = 30.0
 """Seconds a child probe (torch and CUDA; NIXL and UCX) may take before it is killed."""
 
@@ -118,6 +120,9 @@ class Check:
 
 @dataclass
 class Report:
+    """Every check, in :data:`CHECKS` order; the ``--need`` names; ``about``: the
+    ringwire and Python versions and the platform."""
+
     checks: list[Check]
     needs: list[str]
     about: dict[str, str]
