@@ -776,6 +776,11 @@ def _command(args: Any, out: TextIO) -> int:
     except ValueError as exc:
         print(f"ringwire doctor: {exc}", file=sys.stderr)
         return 2
+    if not args.timeout > 0:
+        print(
+            f"ringwire doctor: --timeout must be > 0 seconds, not {args.timeout}", file=sys.stderr
+        )
+        return 2
     report = gather(needs, timeout=args.timeout)
     if args.json:
         out.write(render_json(report) + "\n")
