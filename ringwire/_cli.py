@@ -5,6 +5,7 @@
     python -m ringwire inspect [--json] [--pid PID] [--plain]
     python -m ringwire cleanup [--dry-run] [--json]
     python -m ringwire keygen DIR [--name NAME] [--force]   (CURVE keys: ringwire._net.keys)
+    python -m ringwire doctor [--json] [--need NAME,...]    (ringwire._doctor)
 
 Where the information comes from
 --------------------------------
@@ -41,7 +42,8 @@ processes of one uid only, so it holds none of our segments).
   touched).
 
 Exit status: 0 success; 1 ``cleanup --dry-run`` found stale names (``cleanup`` could
-not remove some), or ``/proc`` is unavailable; 2 bad usage.
+not remove some), or ``/proc`` is unavailable, or ``doctor`` found that the defaults (or
+a capability named with ``--need``) cannot work here; 2 bad usage.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ._doctor import add_command as add_doctor_command
 from ._net import sockdiag
 from ._net.keys import add_command as add_keygen_command
 from ._pool.segment import SHM_DIR, pid_alive, stale_segments, sweep
@@ -768,6 +771,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="list what would be removed")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=_cleanup)
+    add_doctor_command(sub)
     add_keygen_command(sub)
     return parser
 

@@ -239,3 +239,74 @@ def test_usage_errors_exit_2() -> None:
     assert cli().returncode == 2
     assert cli("frobnicate").returncode == 2
     assert "inspect" in cli("--help").stdout
+
+
+# -- doctor ---------------------------------------------------------------------------------
+
+
+def test_doctor_json_reports_every_check() -> None:
+    from ringwire import _doctor
+
+    r = cli("doctor", "--json")
+    data = json.loads(r.stdout)
+    assert set(data) == {"about", "needs", "exit_status", "unmet", "checks"}
+    assert r.returncode == data["exit_status"], r.stdout + r.stderr
+    assert data["about"]["ringwire"] == ringwire.__version__
+    assert list(data["checks"]) == list(_doctor.CHECKS)
+    for check in data["checks"].values():
+        assert set(check) == {"status", "detail", "fix", "facts"}
+        assert check["status"] in ("ok", "warn", "fail", "absent")
+    assert data["checks"]["segments"]["facts"]["kind"] == "named"
+    assert data["checks"]["native"]["facts"]["native"] == ringwire.native
+    shm = os.statvfs(SHM_DIR)
+    assert data["checks"]["shm"]["facts"]["size"] == shm.f_frsize * shm.f_blocks
+    if data["checks"]["shm"]["facts"]["fits"] > 0:
+        assert r.returncode == 0  # nothing breaks the defaults here
+    asked = cli("doctor", "--json", "--need", "curve,native")
+    assert json.loads(asked.stdout)["needs"] == ["curve", "native"]
+    assert cli("doctor", "--need", "warp-drive").returncode == 2
+
+
+def _can_mount_private_tmpfs() -> str | None:
+    import shutil
+
+    if not sys.platform.startswith("linux") or not shutil.which("unshare"):
+        return "needs Linux and unshare(1)"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return f"cannot mount a private tmpfs over /dev/shm here: {probe.stderr.strip()}"
+    return None
+
+
+def test_doctor_in_a_64_mib_dev_shm_says_so_and_exits_1() -> None:
+    """The issue's container case, for real: a private mount namespace whose /dev/shm is
+    a 64 MiB tmpfs (Docker's default).  A default connection does not fit."""
+    why = _can_mount_private_tmpfs()
+    if why:
+        pytest.skip(why)
+
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                "unshare", "-m", "sh", "-c",
+                "mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && "
+                f'exec "{sys.executable}" -m ringwire doctor {" ".join(args)}',
+            ],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    text = doctor()
+    assert text.returncode == 1, text.stdout + text.stderr
+    words = " ".join(text.stdout.split())  # the screen wraps long lines
+    assert "/dev/shm cannot hold one default connection" in words
+    assert "docker run --shm-size=1g" in words
+    assert "result: not usable as asked: /dev/shm (exit status 1)" in text.stdout
+    data = json.loads(doctor("--json").stdout)
+    assert data["exit_status"] == 1 and data["unmet"][0] == "shm"
+    shm = data["checks"]["shm"]
+    assert shm["status"] == "fail" and shm["facts"]["size"] == 64 << 20
+    assert shm["facts"]["fits"] == 0 and "--ipc=host" in shm["fix"]
