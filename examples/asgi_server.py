@@ -61,9 +61,9 @@ import ringwire
 # Both directions use a pool like this one (each side owns its own send pool).
 SLOTS = ringwire.SlotConfig(
     classes=(
-        ringwire.wire.SlotClass(64 << 10, 32),
-        ringwire.wire.SlotClass(1 << 20, 16),
-        ringwire.wire.SlotClass(16 << 20, 4),
+        ringwire.SlotClass(64 << 10, 32),
+        ringwire.SlotClass(1 << 20, 16),
+        ringwire.SlotClass(16 << 20, 4),
     ),
     threshold=64 << 10,  # smaller arrays travel inline, in the record itself
     wait_timeout=30.0,  # all slots busy for 30 s: SlotsExhausted (answered with 503)

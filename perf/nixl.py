@@ -76,7 +76,7 @@ MODES = {
 def _slots() -> Any:
     import ringwire
 
-    return ringwire.SlotConfig(classes=tuple(ringwire.wire.SlotClass(s, 1) for s in SIZES))
+    return ringwire.SlotConfig(classes=tuple(ringwire.SlotClass(s, 1) for s in SIZES))
 
 
 # -- the children --------------------------------------------------------------------------

@@ -720,8 +720,7 @@ FULL = Config(
 
 
 def main_pool() -> Any:
-    from ringwire import SlotConfig
-    from ringwire.wire import SlotClass
+    from ringwire import SlotClass, SlotConfig
 
     return SlotConfig(
         classes=(
@@ -744,8 +743,7 @@ IDLE_PAUSE_NS = 1_000_000  # > any default spin budget (50 us): the peer parks
 
 
 def hot_pool() -> Any:
-    from ringwire import SlotConfig
-    from ringwire.wire import SlotClass
+    from ringwire import SlotClass, SlotConfig
 
     return SlotConfig(
         classes=(SlotClass(8 * MiB, 2), SlotClass(64 * MiB, 2), SlotClass(256 * MiB, 2)),
@@ -765,8 +763,7 @@ RR_CASES: tuple[tuple[str, str, int, float | None], ...] = (
 
 
 def one_slot(size: int) -> Any:
-    from ringwire import SlotConfig
-    from ringwire.wire import SlotClass
+    from ringwire import SlotClass, SlotConfig
 
     return SlotConfig(classes=(SlotClass(size, 1),), threshold=min(size, 4 * KiB), policy="wait")
 

@@ -90,7 +90,7 @@ def _slots() -> Any:
     import ringwire
 
     # room for two handoffs of each size in flight
-    return ringwire.SlotConfig(classes=tuple(ringwire.wire.SlotClass(s, 2) for s in (*SIZES, BIG)))
+    return ringwire.SlotConfig(classes=tuple(ringwire.SlotClass(s, 2) for s in (*SIZES, BIG)))
 
 
 # -- the children (blocking API) ---------------------------------------------------------

@@ -68,7 +68,7 @@ MODES = {
 def _slots() -> Any:
     import ringwire
 
-    return ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(SIZE, 2),))
+    return ringwire.SlotConfig(classes=(ringwire.SlotClass(SIZE, 2),))
 
 
 # -- the child (blocking API) -------------------------------------------------------------

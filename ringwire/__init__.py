@@ -134,6 +134,7 @@ from ._wire.lanes import NATIVE as native
 from ._wire.lanes import REASON as native_reason
 from ._wire.record import Record
 from ._wire.sglang import SGLangRecord, SGLangState
+from ._wire.slotlayout import SlotClass
 
 __version__ = "0.1.0"
 
@@ -175,6 +176,7 @@ __all__ = [
     "SegmentError",
     "ServerKeys",
     "SharedMemoryFull",
+    "SlotClass",
     "SlotConfig",
     "SlotMisuse",
     "SlotWaitTimeout",

@@ -3,7 +3,7 @@
 An application never needs these names to send and receive records: it sends arrays
 and tensors, and receives arrays and tensors.  They are public for what looks at the
 wire itself -- a protocol test, a fuzzer, a peer written in another language, a tool
-that inspects a captured frame, a pool configuration that sizes its slots:
+that inspects a captured frame:
 
 ``ExtCode``
     the msgpack extension types ringwire's codec uses (the table is in
@@ -14,9 +14,6 @@ that inspects a captured frame, a pool configuration that sizes its slots:
 ``NetRef``, ``NixlRef``
     Ext 20 / Ext 21: over TCP, an array that travels as a frame of its own beside
     the record / that the receiver reads with NIXL from the sender's memory.
-``SlotClass``
-    ``count`` slots of ``size`` bytes: one size class of a slot pool (the layout of
-    a pool segment, and what :class:`ringwire.SlotConfig` ``classes`` is made of).
 
 Every descriptor is versioned (its first field); a decoder refuses a version it does
 not know.  A receiver checks every reference against what its transport owns, so a
@@ -27,6 +24,5 @@ from __future__ import annotations
 
 from ._wire.descriptors import CudaRef, NetRef, NixlRef, SlotRef
 from ._wire.ext import ExtCode
-from ._wire.slotlayout import SlotClass
 
-__all__ = ["CudaRef", "ExtCode", "NetRef", "NixlRef", "SlotClass", "SlotRef"]
+__all__ = ["CudaRef", "ExtCode", "NetRef", "NixlRef", "SlotRef"]

@@ -62,9 +62,9 @@ T = TypeVar("T")
 # 9.6 MB (four); the tokenizer's pool and the broadcast's pool both look like this.
 FEATURE_SLOTS = ringwire.SlotConfig(
     classes=(
-        ringwire.wire.SlotClass(64 << 10, 16),
-        ringwire.wire.SlotClass(3 << 20, 16),
-        ringwire.wire.SlotClass(10 << 20, 16),
+        ringwire.SlotClass(64 << 10, 16),
+        ringwire.SlotClass(3 << 20, 16),
+        ringwire.SlotClass(10 << 20, 16),
     ),
     threshold=64 << 10,
     wait_timeout=30.0,

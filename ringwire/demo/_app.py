@@ -294,14 +294,14 @@ class Demo:
         ten = self.tensor_nbytes
         prev = 3 * (self.opts.tensor_size // 4) ** 2 * 2
         classes = [
-            ringwire.wire.SlotClass(size(img), 2 * k + 2),
-            ringwire.wire.SlotClass(size(ten), k + 2),
+            ringwire.SlotClass(size(img), 2 * k + 2),
+            ringwire.SlotClass(size(ten), k + 2),
         ]
         if size(img) == size(ten):
-            classes = [ringwire.wire.SlotClass(size(img), 3 * k + 4)]
+            classes = [ringwire.SlotClass(size(img), 3 * k + 4)]
         front = ringwire.SlotConfig(classes=tuple(classes), threshold=64 * _KiB)
         back = ringwire.SlotConfig(
-            classes=(ringwire.wire.SlotClass(size(prev), k + 2),), threshold=64 * _KiB
+            classes=(ringwire.SlotClass(size(prev), k + 2),), threshold=64 * _KiB
         )
         return front, back
 

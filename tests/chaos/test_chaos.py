@@ -363,7 +363,7 @@ SHM_FULL_SCRIPT = textwrap.dedent(
     import ringwire
     from ringwire import SharedMemoryFull, SlotConfig
     from ringwire._pool.segment import Segment
-    from ringwire.wire import SlotClass
+    from ringwire import SlotClass
     from chaos.workers import CHAOS_SLOTS, check_record, make_record
 
     SHM = "/dev/shm"

@@ -36,8 +36,7 @@ import anyio
 import numpy as np
 
 import ringwire
-from ringwire import SlotConfig
-from ringwire.wire import SlotClass
+from ringwire import SlotClass, SlotConfig
 
 KiB = 1 << 10
 

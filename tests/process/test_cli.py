@@ -24,7 +24,7 @@ pytestmark = pytest.mark.multiprocess  # every test here starts a process
 
 SPAWN = mp.get_context("spawn")
 KiB = 1 << 10
-CFG = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(64 * KiB, 4),), threshold=1024)
+CFG = ringwire.SlotConfig(classes=(ringwire.SlotClass(64 * KiB, 4),), threshold=1024)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -61,7 +61,7 @@ def rss_mib():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
 
-slots = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, 4),), threshold=4096)
+slots = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 4),), threshold=4096)
 ch = ringwire.connect_sync(sys.argv[1], capacity=1 << 20, slots=slots)
 ch.send("ready")
 record = {"body": b"x" * 60_000}

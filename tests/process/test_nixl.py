@@ -28,7 +28,7 @@ if nixl.process() is None:  # pragma: no cover - installed but unusable (no UCX 
     pytest.skip(f"NIXL is not usable here: {nixl.why_not()}", allow_module_level=True)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.multiprocess]
-SLOTS = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, 32),))  # a 32 MiB budget
+SLOTS = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 32),))  # a 32 MiB budget
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def _sha(x: Any) -> str:
 _SENDER = """
 import hashlib, sys, numpy as np, torch, ringwire
 mib, count, budget = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-slots = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, budget),))
+slots = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, budget),))
 ch = ringwire.connect_sync(sys.argv[1], slots=slots)
 rng = np.random.default_rng(7)
 receipts = []
@@ -124,7 +124,7 @@ async def test_the_budget_bounds_what_is_in_flight_and_a_dead_peer_gives_it_back
     raises, "wait" waits); kill -9 of the receiver ends the wait with
     BrokenResourceError, the in-flight buffers are reclaimed and, once the connection
     is closed, the registrations released."""
-    small = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, 4),))  # 4 MiB
+    small = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 4),))  # 4 MiB
     with anyio.fail_after(10):
         while nixl.registrations():  # earlier connections of this process (lingering)
             await anyio.sleep(0.01)
@@ -165,7 +165,7 @@ async def test_the_budget_bounds_what_is_in_flight_and_a_dead_peer_gives_it_back
 
 _STREAMER = """
 import sys, numpy as np, ringwire
-slots = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, 64),))
+slots = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 64),))
 ch = ringwire.connect_sync(sys.argv[1], slots=slots)
 x = np.ones(8 << 20, np.uint8)
 while True:

@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 import ringwire
-from ringwire import SlotConfig, runtime
-from ringwire.wire import SlotClass
+from ringwire import SlotClass, SlotConfig, runtime
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -292,7 +291,7 @@ SCRIPT = textwrap.dedent(
     import os, sys, anyio
     sys.path.insert(0, {tests!r})
     from ringwire import SlotConfig, runtime
-    from ringwire.wire import SlotClass
+    from ringwire import SlotClass
 
     SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4),))
 
@@ -390,7 +389,7 @@ KILLED_SCRIPT = textwrap.dedent(
     os.environ["RINGWIRE_TEST_IMPORT_DELAY"] = "{import_delay}"
     from multiprocessing import util
     from ringwire import SlotConfig, runtime
-    from ringwire.wire import SlotClass
+    from ringwire import SlotClass
 
     SMALL = SlotConfig(classes=(SlotClass(64 << 10, 4),))
     spawn = util.spawnv_passfds

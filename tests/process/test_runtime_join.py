@@ -20,8 +20,7 @@ import anyio
 import numpy as np
 import pytest
 
-from ringwire import SlotConfig, runtime
-from ringwire.wire import SlotClass
+from ringwire import SlotClass, SlotConfig, runtime
 
 pytest.importorskip("zmq")
 

@@ -147,7 +147,7 @@ def test_inspect_lists_tcp_connections_and_forgets_closed_ones(
         return [t for t in report["tcp_connections"] if t["pid"] == os.getpid()]
 
     async def main() -> None:
-        cfg = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, 4),), threshold=1024)
+        cfg = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 4),), threshold=1024)
         async with ringwire.listen("tcp://127.0.0.1:0", slots=cfg) as listener:
             client = await ringwire.connect(listener.path, slots=cfg, heartbeat=2.0)
             server = await listener.accept()

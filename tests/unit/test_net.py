@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from support.net import tcp_pair  # noqa: E402
 
 pytestmark = pytest.mark.anyio
-BIG = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, 8),))  # an 8 MiB budget
+BIG = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 8),))  # an 8 MiB budget
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ async def test_loan_is_sent_without_a_copy_and_only_once() -> None:
 
 
 async def test_budget_policies() -> None:
-    cfg = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(64 << 10, 2),), policy="error")
+    cfg = ringwire.SlotConfig(classes=(ringwire.SlotClass(64 << 10, 2),), policy="error")
     a, b = await tcp_pair(slots=cfg)
     async with a, b:
         x = np.ones(64 << 10, np.uint8)

@@ -53,7 +53,7 @@ from ringwire._wire.net_control import (  # noqa: E402
 pytestmark = pytest.mark.anyio
 LANE = 4096  # the raw peer's lane: the listener's receiving lane of its connection
 WAIT_MS = 5000
-SLOTS = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(64 << 10, 4),), threshold=1024)
+SLOTS = ringwire.SlotConfig(classes=(ringwire.SlotClass(64 << 10, 4),), threshold=1024)
 
 
 @pytest.fixture

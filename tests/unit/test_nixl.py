@@ -29,7 +29,7 @@ from ringwire._net.nixlpools import manifest, parse_manifest  # noqa: E402
 from ringwire._wire.net_control import Hello, Welcome  # noqa: E402
 
 pytestmark = pytest.mark.anyio
-BIG = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(1 << 20, 8),))  # an 8 MiB budget
+BIG = ringwire.SlotConfig(classes=(ringwire.SlotClass(1 << 20, 8),))  # an 8 MiB budget
 
 
 def _have_nixl() -> bool:
@@ -191,7 +191,7 @@ async def test_a_loan_is_read_from_the_arena_without_a_copy() -> None:
 
 @needs_nixl
 async def test_the_budget_bounds_what_is_in_flight() -> None:
-    cfg = ringwire.SlotConfig(classes=(ringwire.wire.SlotClass(64 << 10, 2),), policy="error")
+    cfg = ringwire.SlotConfig(classes=(ringwire.SlotClass(64 << 10, 2),), policy="error")
     a, b = await tcp_pair(slots=cfg)
     async with a, b:
         x = np.ones(64 << 10, np.uint8)

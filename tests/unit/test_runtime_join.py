@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import ringwire
-from ringwire import SlotConfig, runtime
-from ringwire.wire import SlotClass
+from ringwire import SlotClass, SlotConfig, runtime
 
 pytest.importorskip("zmq")
 

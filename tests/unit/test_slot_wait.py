@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 import ringwire
-from ringwire import SlotConfig, SlotsExhausted
-from ringwire.wire import SlotClass
+from ringwire import SlotClass, SlotConfig, SlotsExhausted
 
 
 def test_the_default_wait_is_finite() -> None:
