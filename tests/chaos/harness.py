@@ -795,7 +795,7 @@ async def handshake_round(h: Harness, v: Victim, r: Round, rng: random.Random, m
     cfg = h.victim_cfg(rng, "consumer", r.survivor, slots=slots, backend="asyncio")
     window = 0.04 if slots == "default" else 0.004
     lst = h.sync_lst if r.survivor == "sync" else h.lst
-    before = lst.refused if r.survivor == "sync" else lst.statistics().refused
+    before = lst.statistics().refused
     if h.transport == "tcp":
         window = 0.02  # the attach is a round trip later than on one host
     await v.begin(cfg)

@@ -284,7 +284,7 @@ def test_sync_client_with_serve_sync_in_another_process() -> None:
     client closes."""
     a, b = ringwire.pair()
     with spawned(child_sync_server, b) as proc:
-        chan = a.connect_sync(timeout=30)
+        chan = a.connect_sync(handshake_timeout=30)
         with SyncClient(chan) as client:
             out: dict[int, Any] = {}
 

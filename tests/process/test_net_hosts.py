@@ -205,7 +205,7 @@ import ringwire
 def say(**kw):
     print(json.dumps(kw), flush=True)
 
-ch = ringwire.connect_sync(sys.argv[1], heartbeat=float(sys.argv[2]), timeout=30)
+ch = ringwire.connect_sync(sys.argv[1], heartbeat=float(sys.argv[2]), handshake_timeout=30)
 ch.send_many({"i": i, "pad": "p" * 90} for i in range(1000))
 arr = np.random.default_rng(7).random(1 << 20, dtype=np.float32)
 ch.send({"array": arr, "crc": zlib.crc32(arr)})
