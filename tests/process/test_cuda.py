@@ -19,7 +19,6 @@ from typing import Any
 
 import anyio
 import pytest
-import torch
 from support.cuda import (
     GPU,
     cuda_in_use,
@@ -27,6 +26,7 @@ from support.cuda import (
     until,
 )
 from support.cuda_fake import default_uuid, install
+from support.extras import torch  # not None: support.cuda_fake skips this module without it
 from support.slots import apair
 from support.spawn import SPAWN, spawned
 

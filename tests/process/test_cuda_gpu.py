@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 import pytest
-import torch
+from support.extras import NO_TORCH, torch
 
 from ringwire._conn.pair import PairEnd, pair
 from ringwire._errors import DecodeError
@@ -38,7 +38,10 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.multiprocess,
     pytest.mark.timeout(400),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(torch is None, reason=NO_TORCH),
+    pytest.mark.skipif(
+        torch is not None and not torch.cuda.is_available(), reason="needs a CUDA device"
+    ),
 ]
 
 SPAWN = mp.get_context("spawn")
@@ -52,7 +55,7 @@ N = MiB // 4  # float32 elements of a 1 MiB tensor
 
 
 def _two_gpus() -> bool:
-    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+    return torch is not None and torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 
 # ======================================================================================

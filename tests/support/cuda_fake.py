@@ -41,9 +41,14 @@ import weakref
 from typing import Any
 
 import numpy as np
-import torch
+import pytest
 
 from ringwire._pool.cuda import set_cuda_backend
+from support.extras import NO_TORCH
+
+# ringwire's CUDA path hands out torch tensors: where torch is absent, a test module that
+# imports this one (directly or through support/cuda.py) is skipped, with the reason.
+torch = pytest.importorskip("torch", reason=NO_TORCH + ": the CUDA path is torch's")
 
 _COUNTERS = 1 << 12  # counters per backend (int64 each)
 _EVENTS = 1 << 16  # events per backend (one alive byte each); never reused

@@ -9,6 +9,14 @@ import pathlib
 import sys
 from typing import Any
 
+import pytest
+
+from support.extras import NO_TORCH
+
+# The targets' typed record, seeds and Ext 2 checks hold torch tensors: where torch is
+# absent, the fuzz tests (both halves) are skipped, with the reason.
+pytest.importorskip("torch", reason=NO_TORCH + ": fuzz/targets.py is written with it")
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository: two up from tests/<folder>/
 FUZZ = ROOT / "fuzz"
 

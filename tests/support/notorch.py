@@ -8,12 +8,12 @@ that refuses ``torch`` and every ``torch.*`` module with the ``ModuleNotFoundErr
 absent package gives (``importlib.util.find_spec("torch")`` raises it too).  A
 ``sitecustomize`` it shadows is still run.
 
-Why this and not a second virtual environment: it runs within the README's test
-command, on every developer's machine and in CI alike, and costs no install (a torch-less
-venv costs a venv and an install of the project per CI run).  What it cannot show --
-a dependency that pulls torch in -- is not a risk here: ringwire's dependencies are
-msgspec, numpy, posix_ipc, anyio and rich, and tests/unit/test_demo.py checks that
-none of them is torch.
+Why this beside a second virtual environment: it runs within the README's test
+command, on every developer's machine alike, and costs no install.  CI also runs the
+suite in a venv without torch (``.ci/run``; there the tests that need torch skip,
+tests/support/extras.py), which shows what this cannot: that no dependency pulls torch
+in (ringwire's are msgspec, numpy, posix_ipc, anyio and rich, and tests/unit/test_demo.py
+checks that none of them is torch).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ import anyio
 import numpy as np
 import posix_ipc
 import pytest
-import torch
 from support.access import NOBODY, mode_of, root_only
+from support.extras import needs_torch, torch
 
 import ringwire
 from ringwire._conn.connect import connect, connect_sync
@@ -296,6 +296,7 @@ def test_no_pickle_in_any_shipped_or_example_code() -> None:
     assert not offenders, offenders
 
 
+@needs_torch
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_nothing_is_pickled_at_run_time(

@@ -17,10 +17,10 @@ import attrs
 import msgspec
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support.extras import TORCH_ABSENT_ERROR, needs_torch, torch, torch_error, torch_params
 
 import ringwire
 from ringwire import (
@@ -54,9 +54,15 @@ GOLDEN = [
         "c70a0100000002a16801000200",
         id="ext1-array",
     ),
-    pytest.param(
-        torch.tensor([1, 2], dtype=torch.int16),
-        "c715020000000d939102a5696e743136a363707501000200",
+    *torch_params(
+        lambda: [
+            pytest.param(
+                torch.tensor([1, 2], dtype=torch.int16),
+                "c715020000000d939102a5696e743136a363707501000200",
+                id="ext2-torch",
+            )
+        ],
+        width=2,
         id="ext2-torch",
     ),
     pytest.param(
@@ -123,9 +129,15 @@ GOLDEN = [
         id="ext5-cudaref-uuid-lease",
     ),
     pytest.param((1, 2), "c70306920102", id="ext6-tuple"),
-    pytest.param(torch.Size([2, 3]), "c70307920203", id="ext7-torch-size"),
-    pytest.param(torch.float32, "d708a7666c6f61743332", id="ext8-torch-dtype"),
-    pytest.param(torch.device("cpu"), "d609a3637075", id="ext9-torch-device"),
+    *torch_params(
+        lambda: [
+            pytest.param(torch.Size([2, 3]), "c70307920203", id="ext7-torch-size"),
+            pytest.param(torch.float32, "d708a7666c6f61743332", id="ext8-torch-dtype"),
+            pytest.param(torch.device("cpu"), "d609a3637075", id="ext9-torch-device"),
+        ],
+        width=2,
+        id="ext7-9-torch",
+    ),
     pytest.param(np.dtype("<f4"), "d60aa33c6634", id="ext10-numpy-dtype"),
     pytest.param(np.int64(2), "c70f0b92a33c6938c4080200000000000000", id="ext11-numpy-scalar"),
     # Ext 12-19 (ringwire/_wire/leaves.py): types msgspec would turn into an array or a str
@@ -191,6 +203,10 @@ def test_netref_is_checked(ref: NetRef | NixlRef, match: str) -> None:
 def test_cudaref_without_pool_handle_decodes() -> None:
     """The first Ext 5 layout (eleven fields, no pool_handle) is still understood."""
     wire = bytes.fromhex("c71c059b010700020300049102a862666c6f61743136c40101a5746f726368")
+    if torch is None:  # its torch dtype cannot be checked: refused with the install hint
+        with pytest.raises(DecodeError, match=TORCH_ABSENT_ERROR):
+            Decoder().decode(wire)
+        return
     ref = Decoder().decode(wire)
     assert isinstance(ref, CudaRef)
     assert ref.pool_handle == b"" and ref.dtype == "bfloat16" and ref.event == b"\x01"
@@ -201,6 +217,10 @@ def test_cudaref_without_device_uuid_or_lease_decodes() -> None:
     """The twelve-field Ext 5 layout (before device_uuid and lease) is still understood:
     the consumer then uses the device number as is, and takes no lease."""
     wire = bytes.fromhex("c71e059c010700020300049102a862666c6f61743136c40101a5746f726368c400")
+    if torch is None:  # its torch dtype cannot be checked: refused with the install hint
+        with pytest.raises(DecodeError, match=TORCH_ABSENT_ERROR):
+            Decoder().decode(wire)
+        return
     ref = Decoder().decode(wire)
     assert isinstance(ref, CudaRef)
     assert ref.pool_handle == b"" and ref.device_uuid == b"" and ref.lease == b""
@@ -212,7 +232,7 @@ def test_cudaref_without_device_uuid_or_lease_decodes() -> None:
 )
 def test_cudaref_uuid_and_lease_sizes_are_checked(field: str, value: bytes, match: str) -> None:
     ref = msgspec.structs.replace(CudaRef(1, 7, 0, 2, 3, 0, 4, (2,), "bfloat16"), **{field: value})
-    with pytest.raises(DecodeError, match=match):
+    with pytest.raises(DecodeError, match=torch_error(match)):
         dec.decode(enc.encode(ref))
 
 
@@ -220,12 +240,17 @@ def test_cudaref_uuid_and_lease_sizes_are_checked(field: str, value: bytes, matc
 def test_golden_bytes(value: Any, hexbytes: str) -> None:
     wire = bytes.fromhex(hexbytes)
     assert enc.encode(value) == wire
+    if torch is None and getattr(value, "kind", None) == "torch":
+        # a descriptor of a tensor: its torch dtype cannot be checked without torch
+        with pytest.raises(DecodeError, match=TORCH_ABSENT_ERROR):
+            dec.decode(wire)
+        return
     back = dec.decode(wire)
     assert type(back) is type(value)
     if isinstance(value, np.ndarray):
         np.testing.assert_array_equal(back, value)
         assert back.dtype == value.dtype
-    elif isinstance(value, torch.Tensor):
+    elif torch is not None and isinstance(value, torch.Tensor):
         assert torch.equal(back, value)
     else:
         assert back == value
@@ -295,7 +320,11 @@ class GoldenSGLangItem(SGLangRecord):
 
 SGLANG_GOLDEN = [
     pytest.param((1, 2), "920102", id="tuple-is-an-array"),
-    pytest.param(torch.Size([2, 3]), "920203", id="torch-size-is-an-array"),
+    *torch_params(
+        lambda: [pytest.param(torch.Size([2, 3]), "920203", id="torch-size-is-an-array")],
+        width=2,
+        id="torch-size-is-an-array",
+    ),
     pytest.param({1, 2}, "920102", id="set-is-an-array"),
     pytest.param(np.int64(2), "02", id="numpy-int-is-an-int"),
     pytest.param(np.float32(1.5), "cb3ff8000000000000", id="numpy-float-is-a-float64"),
@@ -305,55 +334,67 @@ SGLANG_GOLDEN = [
         "c70d0300000007929101a33c69320700",
         id="ext3-0d-array-as-1d",
     ),
-    pytest.param(
-        SGLangState(4, {"shm_name": "psm_1", "shape": torch.Size([2]), "dtype": torch.float32}),
-        "c74704"
-        "83"
-        "a8"
-        "73686d5f6e616d65"
-        "a5"
-        "70736d5f31"  # "shm_name": "psm_1"
-        "a5"
-        "7368617065"
-        "81"
-        "ae"
-        "5f5f746f7263685f73697a655f5f"
-        "9102"  # "shape": {"__torch_size__": [2]}
-        "a5"
-        "6474797065"
-        "81"
-        "af"
-        "5f5f746f7263685f64747970655f5f"
-        "a7"
-        "666c6f61743332",  # "dtype": {"__torch_dtype__": "float32"}
-        id="ext4-shm-pointer-state",
-    ),
-    pytest.param(
-        SGLangState(
-            5, {"proxy_state": {"t": (1,), "dev": torch.device("cpu")}, "sync_data_meta": None}
-        ),
-        "c74705"
-        "82"
-        "ab"
-        "70726f78795f7374617465"
-        "82"  # "proxy_state": {
-        "a1"
-        "74"
-        "81"
-        "a9"
-        "5f5f7475706c655f5f"
-        "9101"  # "t": {"__tuple__": [1]}
-        "a3"
-        "646576"
-        "81"
-        "b0"
-        "5f5f746f7263685f6465766963655f5f"
-        "a3"
-        "637075"  # "dev": {"__torch_device__": "cpu"}}
-        "ae"
-        "73796e635f646174615f6d657461"
-        "c0",  # "sync_data_meta": None
-        id="ext5-cuda-proxy-state",
+    *torch_params(
+        lambda: [
+            pytest.param(
+                SGLangState(
+                    4, {"shm_name": "psm_1", "shape": torch.Size([2]), "dtype": torch.float32}
+                ),
+                "c74704"
+                "83"
+                "a8"
+                "73686d5f6e616d65"
+                "a5"
+                "70736d5f31"  # "shm_name": "psm_1"
+                "a5"
+                "7368617065"
+                "81"
+                "ae"
+                "5f5f746f7263685f73697a655f5f"
+                "9102"  # "shape": {"__torch_size__": [2]}
+                "a5"
+                "6474797065"
+                "81"
+                "af"
+                "5f5f746f7263685f64747970655f5f"
+                "a7"
+                "666c6f61743332",  # "dtype": {"__torch_dtype__": "float32"}
+                id="ext4-shm-pointer-state",
+            ),
+            pytest.param(
+                SGLangState(
+                    5,
+                    {
+                        "proxy_state": {"t": (1,), "dev": torch.device("cpu")},
+                        "sync_data_meta": None,
+                    },
+                ),
+                "c74705"
+                "82"
+                "ab"
+                "70726f78795f7374617465"
+                "82"  # "proxy_state": {
+                "a1"
+                "74"
+                "81"
+                "a9"
+                "5f5f7475706c655f5f"
+                "9101"  # "t": {"__tuple__": [1]}
+                "a3"
+                "646576"
+                "81"
+                "b0"
+                "5f5f746f7263685f6465766963655f5f"
+                "a3"
+                "637075"  # "dev": {"__torch_device__": "cpu"}}
+                "ae"
+                "73796e635f646174615f6d657461"
+                "c0",  # "sync_data_meta": None
+                id="ext5-cuda-proxy-state",
+            ),
+        ],
+        width=2,
+        id="ext4-5-sglang-states",
     ),
     # model_specific_data last: ["image", 5, {}] (Record puts extras first)
     pytest.param(
@@ -431,7 +472,9 @@ AUDIT: list[tuple[Any, Any]] = [
     (bytearray(b"ab"), b"ab"),
     (memoryview(b"ab"), b"ab"),
     (np.arange(3).view(type("MyArray", (np.ndarray,), {})), np.arange(3)),  # a plain ndarray
-    (torch.nn.Parameter(torch.ones(2)), torch.ones(2)),
+    *torch_params(
+        lambda: [(torch.nn.Parameter(torch.ones(2)), torch.ones(2))], width=2, id="Parameter"
+    ),
 ]
 
 
@@ -444,7 +487,7 @@ def test_what_each_type_becomes(value: Any, expected: Any) -> None:
     assert type(back) is type(expected)
     if isinstance(expected, np.ndarray):
         np.testing.assert_array_equal(back, expected)
-    elif isinstance(expected, torch.Tensor):
+    elif torch is not None and isinstance(expected, torch.Tensor):
         assert torch.equal(back, expected)
     else:
         assert back == expected
@@ -608,34 +651,38 @@ def test_object_and_structured_dtypes_are_refused() -> None:
 
 # ------------------------------------------------------------------ torch round trips
 
-TORCH_DTYPES = [
-    d
-    for d in (
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex32,
-        torch.complex64,
-        torch.complex128,
-        getattr(torch, "float8_e4m3fn", None),
-        getattr(torch, "float8_e4m3fnuz", None),
-        getattr(torch, "float8_e5m2", None),
-        getattr(torch, "float8_e5m2fnuz", None),
-        getattr(torch, "float8_e8m0fnu", None),
-        getattr(torch, "float4_e2m1fn_x2", None),
-    )
-    if d is not None
-]
+TORCH_DTYPES = torch_params(
+    lambda: [
+        d
+        for d in (
+            torch.bool,
+            torch.uint8,
+            torch.int8,
+            torch.int16,
+            torch.int32,
+            torch.int64,
+            torch.uint16,
+            torch.uint32,
+            torch.uint64,
+            torch.float16,
+            torch.bfloat16,
+            torch.float32,
+            torch.float64,
+            torch.complex32,
+            torch.complex64,
+            torch.complex128,
+            getattr(torch, "float8_e4m3fn", None),
+            getattr(torch, "float8_e4m3fnuz", None),
+            getattr(torch, "float8_e5m2", None),
+            getattr(torch, "float8_e5m2fnuz", None),
+            getattr(torch, "float8_e8m0fnu", None),
+            getattr(torch, "float4_e2m1fn_x2", None),
+        )
+        if d is not None
+    ],
+    width=1,
+    id="torch",
+)
 
 
 def _random_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -643,6 +690,7 @@ def _random_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return raw.view(dtype).reshape(shape) if shape else raw.view(dtype)[..., 0].reshape(())
 
 
+@needs_torch
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 3, 4)])
 def test_torch_round_trip_bit_exact(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
@@ -653,6 +701,7 @@ def test_torch_round_trip_bit_exact(dtype: torch.dtype, shape: tuple[int, ...]) 
     assert torch.equal(back.reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8))
 
 
+@needs_torch
 def test_torch_non_contiguous_grad_and_conj() -> None:
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     assert torch.equal(rt(base.T), base.T)
@@ -664,11 +713,13 @@ def test_torch_non_contiguous_grad_and_conj() -> None:
     assert torch.equal(rt(-base), -base)
 
 
+@needs_torch
 def test_torch_sparse_is_refused() -> None:
     with pytest.raises(EncodeError, match="to_dense"):
         enc.encode(torch.eye(3).to_sparse())
 
 
+@needs_torch
 def test_cuda_tensor_without_cuda_is_a_clear_error_or_cpu_by_choice() -> None:
     """An inline tensor recorded as cuda:0 restores to cuda:0 only where it exists."""
     t = torch.arange(3, dtype=torch.int16)
@@ -692,11 +743,17 @@ def test_typed_leaves_keep_their_type() -> None:
         (1, 2),
         (1, (2, (3, "x")), [4, (5,)]),
         (),
-        torch.Size([2, 3]),
-        torch.Size([]),
-        torch.bfloat16,
-        torch.device("cuda", 1),
-        torch.device("cpu"),
+        *(
+            [
+                torch.Size([2, 3]),
+                torch.Size([]),
+                torch.bfloat16,
+                torch.device("cuda", 1),
+                torch.device("cpu"),
+            ]
+            if torch is not None  # without torch: the other leaves
+            else []
+        ),
         np.dtype(">i8"),
         np.int64(2),
         np.bool_(True),
@@ -711,6 +768,7 @@ def test_typed_leaves_keep_their_type() -> None:
         assert back == v
 
 
+@needs_torch
 def test_typed_leaves_nested_inside_containers() -> None:
     v = {"size": (336, 336), "grid": [torch.Size([1, 2]), (np.int32(7), torch.int8)]}
     back = rt(v)
@@ -795,7 +853,10 @@ def test_descriptor_consistency_is_checked() -> None:
         (msgspec.structs.replace(good, nbytes=17), "needs 16"),
         (msgspec.structs.replace(good, version=2), "version 2"),
         (msgspec.structs.replace(good, dtype="|O8"), "not an allowed"),
-        (msgspec.structs.replace(good, kind="torch", dtype="float128"), "not an allowed"),
+        (
+            msgspec.structs.replace(good, kind="torch", dtype="float128"),
+            torch_error("not an allowed"),
+        ),
     ):
         with pytest.raises(DecodeError, match=msg):
             rt(bad)
@@ -817,6 +878,7 @@ class Item(Record):
     model_specific_data: dict[str, object] = {}
 
 
+@needs_torch
 def test_record_round_trip_like_sglang_mm_item() -> None:
     item = Item(
         modality="image",
@@ -846,6 +908,7 @@ def test_encoding_does_not_mutate_the_record() -> None:
     assert item.feature == (1, 2) and type(item.feature) is tuple
 
 
+@needs_torch
 def test_typed_tensor_fields() -> None:
     class Typed(Record):
         t: torch.Tensor
@@ -883,8 +946,9 @@ def test_truncated_and_inconsistent_buffers_are_decode_errors() -> None:
         "malformed metadata": ext(3, b"\x00\x00\x00\x01\xc1"),
         "dimensions": ext(3, _layout([[1] * 65, "<i4"], b"\x00" * 4)),
     }
+    tensors = {"torch dtype", "allowed device"}  # Ext 2: checked only where torch is
     for msg, wire in cases.items():
-        with pytest.raises(DecodeError, match=msg):
+        with pytest.raises(DecodeError, match=torch_error(msg) if msg in tensors else msg):
             dec.decode(wire)
 
 
@@ -895,7 +959,7 @@ def _layout(meta: Any, raw: bytes) -> bytes:
 
 def test_dtype_names_are_never_looked_up_by_getattr() -> None:
     wire = msgspec.msgpack.encode(msgspec.msgpack.Ext(8, msgspec.msgpack.encode("load")))
-    with pytest.raises(DecodeError, match="not an allowed"):
+    with pytest.raises(DecodeError, match=torch_error("not an allowed")):
         dec.decode(wire)
 
 
@@ -906,9 +970,15 @@ def _corpus() -> list[bytes]:
         offsets=[(1, 2)],
         feature=np.arange(12, dtype=np.float32).reshape(3, 4),
         model_specific_data={
-            "t": torch.arange(6, dtype=torch.bfloat16),
-            "s": torch.Size([3]),
-            "d": (torch.float16, np.dtype("<u2"), torch.device("cpu")),
+            **(
+                {
+                    "t": torch.arange(6, dtype=torch.bfloat16),
+                    "s": torch.Size([3]),
+                    "d": (torch.float16, np.dtype("<u2"), torch.device("cpu")),
+                }
+                if torch is not None  # without torch: the rest of the corpus
+                else {}
+            ),
             "k": np.uint16(9),
             "a": array.array("d", [1.0, 2.0]),
             "ref": SlotRef(
@@ -932,7 +1002,9 @@ def _corpus() -> list[bytes]:
     }
     return [
         enc.encode(item),
-        enc.encode([np.arange(5), (1, (2,)), {"x": torch.ones(2, 2)}]),
+        enc.encode(
+            [np.arange(5), (1, (2,)), {"x": np.ones((2, 2)) if torch is None else torch.ones(2, 2)}]
+        ),
         enc.encode(leaves),
     ]
 
@@ -1006,8 +1078,14 @@ _leaf = st.one_of(
     st.binary(max_size=5),
     st.builds(np.int32, st.integers(-(2**31), 2**31 - 1)),
     st.builds(np.float64, st.floats(allow_nan=False)),
-    st.sampled_from([torch.float32, torch.bfloat16, torch.device("cpu"), np.dtype("<u4")]),
-    st.lists(st.integers(0, 5), max_size=3).map(torch.Size),
+    *(
+        [
+            st.sampled_from([torch.float32, torch.bfloat16, torch.device("cpu"), np.dtype("<u4")]),
+            st.lists(st.integers(0, 5), max_size=3).map(torch.Size),
+        ]
+        if torch is not None  # without torch: the other leaves
+        else [st.sampled_from([np.dtype("<u4")])]
+    ),
 )
 _nested = st.recursive(
     _leaf,
@@ -1031,7 +1109,7 @@ def test_hypothesis_nested_typed_leaves(value: Any) -> None:
 def _types(v: Any) -> Any:
     if isinstance(v, dict):
         return ("dict", {k: _types(x) for k, x in v.items()})
-    if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+    if isinstance(v, (list, tuple)) and not (torch is not None and isinstance(v, torch.Size)):
         return (type(v), [_types(x) for x in v])
     return type(v)
 

@@ -23,13 +23,18 @@ from typing import Any, List, Optional, Tuple
 import msgspec
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import sglang_model as sg
+from support.extras import NO_TORCH
 
 from ringwire import DecodeError, Decoder, EncodeError, Encoder, SGLangRecord, SGLangState
 from ringwire.wire import SlotRef
+
+# SGLang runs on torch, and so does the model of its codec that every test here checks
+# against (tests/unit/test_codec.py's SGLANG_GOLDEN checks the profile's bytes without it).
+torch = pytest.importorskip("torch", reason=NO_TORCH + ": the SGLang model needs it")
+
+from support import sglang_model as sg  # noqa: E402
 
 Ext = msgspec.msgpack.Ext
 

@@ -21,7 +21,6 @@ import anyio
 import msgspec
 import numpy as np
 import pytest
-import torch
 from support.cuda import (
     GPU,
     KiB,
@@ -31,6 +30,7 @@ from support.cuda import (
     until,
 )
 from support.cuda_fake import FakeCudaBackend, default_uuid
+from support.extras import torch  # not None: support.cuda_fake skips this module without it
 from support.slots import apair, spair
 
 from ringwire._errors import DecodeError, SlotMisuse, SlotsExhausted

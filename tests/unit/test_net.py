@@ -9,11 +9,11 @@ import anyio
 import numpy as np
 import pytest
 from support.channel import small_slot_pools  # noqa: F401  (an autouse fixture)
+from support.extras import needs_torch, torch
 
 import ringwire
 
 zmq = pytest.importorskip("zmq")
-torch = pytest.importorskip("torch")
 
 from support.net import tcp_pair  # noqa: E402
 
@@ -33,6 +33,7 @@ def zeromq_frames(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RINGWIRE_NIXL", "0")
 
 
+@needs_torch
 async def test_arrays_travel_as_frames_and_the_receipt_waits_for_the_view() -> None:
     a, b = await tcp_pair(slots=BIG)
     async with a, b:
@@ -57,6 +58,7 @@ async def test_arrays_travel_as_frames_and_the_receipt_waits_for_the_view() -> N
         assert a.statistics().slot_bytes_in_use == 0
 
 
+@needs_torch
 async def test_loan_is_sent_without_a_copy_and_only_once() -> None:
     """A loan is the very buffer the frame is sent from, and can be sent once: again
     (before or after the receiver let go of it), twice in one record or a slice of it

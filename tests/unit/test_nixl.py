@@ -16,11 +16,11 @@ import msgspec
 import numpy as np
 import pytest
 from support.channel import small_slot_pools  # noqa: F401  (an autouse fixture)
+from support.extras import needs_torch, torch
 
 import ringwire
 
 zmq = pytest.importorskip("zmq")
-torch = pytest.importorskip("torch")
 
 from support.net import tcp_pair  # noqa: E402
 
@@ -139,6 +139,7 @@ async def test_without_nixl_on_one_side_arrays_are_frames(monkeypatch: pytest.Mo
         assert not hasattr(a._core.pool, "nixl_sent")  # the ZeroMQ pool
 
 
+@needs_torch
 @needs_nixl
 async def test_arrays_go_through_nixl_and_the_receipt_waits_for_the_view() -> None:
     a, b = await tcp_pair(slots=BIG)

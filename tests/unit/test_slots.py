@@ -15,7 +15,7 @@ import anyio
 import msgspec
 import numpy as np
 import pytest
-import torch
+from support.extras import needs_torch, torch
 from support.slots import POOL, apair, spair
 
 from ringwire._conn.async_channel import Channel
@@ -190,24 +190,29 @@ async def test_every_numpy_dtype_through_slots():
         del z
 
 
-TORCH_DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-    torch.complex128,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-]
+TORCH_DTYPES = (
+    []
+    if torch is None
+    else [
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    ]
+)
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_every_torch_dtype_through_slots():
     cfg = SlotConfig(classes=(SlotClass(64 * KiB, 8),), threshold=0)
@@ -240,6 +245,7 @@ async def test_every_torch_dtype_through_slots():
         del d
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_threshold_inline_below_and_mixed_record():
     a, b = await apair()
@@ -271,6 +277,7 @@ async def test_slots_are_aligned():
         del got
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_typed_records_and_receive_many():
     class Batch(Record):
@@ -299,6 +306,7 @@ async def test_typed_records_and_receive_many():
 # loans
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_loans_are_zero_copy_and_single_use():
     a, b = await apair()
@@ -368,6 +376,7 @@ async def test_a_loan_dropped_after_the_peer_went_still_returns_its_slot():
         assert stats.slots_in_use == 0 and stats.loans_outstanding == 0
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_loan_limits_and_policies():
     cfg = SlotConfig(classes=(SlotClass(64 * KiB, 2),), policy="error")
@@ -407,6 +416,7 @@ async def test_loan_limits_and_policies():
 # release: finalizers, threads, GC, explicit
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_finalizer_fires_when_the_last_view_dies():
     a, b = await apair()
@@ -544,6 +554,7 @@ def test_gc_releases_in_a_sync_consumer_thread_and_finalizers_take_no_locks():
         assert in_use(a) == 0
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_explicit_release_borrow_and_copy_out():
     class Req(Record):
@@ -583,6 +594,7 @@ async def test_explicit_release_borrow_and_copy_out():
         del got2
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_copy_out_is_the_receiving_sides_keyword():
     # the receiver has no send pool of its own (slots=None): copy_out is its choice
@@ -936,6 +948,7 @@ async def test_release_lane_full_is_retried_at_safe_points():
         assert a.statistics().releases_received == n
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_close_with_live_views_warns_and_stays_valid():
     a, b = await apair()
@@ -963,6 +976,7 @@ def test_no_warnings_leak_from_finalizers_after_close():
     gc.collect()
 
 
+@needs_torch
 @pytest.mark.anyio
 async def test_records_sent_before_a_clean_close_still_resolve():
     """A producer that closes cleanly right after sending must not invalidate the slot
