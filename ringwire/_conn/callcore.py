@@ -10,7 +10,8 @@ carries nothing but :class:`~ringwire._wire.envelope.Envelope` records::
 
 This module holds everything about them that is not waiting: :class:`ClientCore` (the
 id counter, the pending table, reply dispatch, the deferred cancels, the failure that
-ends a client) and :class:`ServerCore` (the admitted calls, the queue, the workers'
+ends a client), :class:`ClientBase` (what both clients are: the channel they own, the
+envelope type they decode, their core), and :class:`ServerCore` (the admitted calls, the queue, the workers'
 bookkeeping, CALL / CANCEL dispatch, the answers to a deadline or an unsendable
 reply), and every error text of the calls.  It does no I/O and never waits: the
 drivers (:mod:`~ringwire._conn.calls` with tasks, :mod:`~ringwire._conn.sync_calls`
@@ -86,7 +87,7 @@ from __future__ import annotations
 import collections
 import inspect
 import logging
-from typing import Any, Optional, Protocol
+from typing import Any, Generic, Optional, Protocol, TypeVar
 
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
@@ -100,12 +101,14 @@ from .._wire.envelope import (
     REPLY,
     Envelope,
     ErrorInfo,
+    envelope_type,
     error_info,
     remote_error,
 )
 
 __all__ = [
     "CANCEL_RUNNING",
+    "ClientBase",
     "DEFAULT_CONCURRENCY",
     "POLL_PEER_S",
     "START",
@@ -300,6 +303,38 @@ class ClientCore:
 
 QUEUED, RUNNING, DROPPED = 0, 1, 2
 START, WAKE, CANCEL_RUNNING = "start", "wake", "cancel"  # what ServerCore.dispatch asks
+
+
+class _Peer(Protocol):
+    @property
+    def peer_pid(self) -> int: ...
+
+
+_Chan = TypeVar("_Chan", bound=_Peer)
+
+
+class ClientBase(Generic[_Chan]):
+    """What both call clients are, without waiting: the channel they own (its only
+    receiver), the envelope type replies decode as (``type``; ``TypeError`` for one
+    msgspec cannot decode), and their :class:`ClientCore`."""
+
+    def __init__(self, channel: _Chan, *, type: Any = Any) -> None:
+        self._chan = channel
+        self._env_type = envelope_type(type)
+        self._core = ClientCore(channel.peer_pid)
+
+    def __repr__(self) -> str:
+        return f"<{self.__class__.__name__} over {self._chan!r}, {self._core.state()}>"
+
+    @property
+    def channel(self) -> _Chan:
+        """The channel the calls travel over (for ``loan`` and ``statistics``)."""
+        return self._chan
+
+    @property
+    def pending(self) -> int:
+        """Calls sent and not answered yet."""
+        return len(self._core.pending)
 
 
 class Job:

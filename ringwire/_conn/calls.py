@@ -46,7 +46,7 @@ from .callcore import (
     DEFAULT_CONCURRENCY,
     POLL_PEER_S,
     START,
-    ClientCore,
+    ClientBase,
     Job,
     ServerCore,
     Worker,
@@ -115,7 +115,7 @@ class _Waiter:
             fut.set_result(None)
 
 
-class Client:
+class Client(ClientBase[Channel]):
     """Many concurrent calls over one :class:`~ringwire.Channel`::
 
         async with ringwire.Client(channel, type=Reply) as client:
@@ -134,26 +134,11 @@ class Client:
     """
 
     def __init__(self, channel: Channel, *, type: Any = Any) -> None:
-        self._chan = channel
-        self._env_type = envelope_type(type)
-        self._core = ClientCore(channel.peer_pid)
+        super().__init__(channel, type=type)
         self._tg: anyio.abc.TaskGroup | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sender: _Sender | None = None
         self._deferred_event: anyio.Event | None = None
-
-    def __repr__(self) -> str:
-        return f"<Client over {self._chan!r}, {self._core.state()}>"
-
-    @property
-    def channel(self) -> Channel:
-        """The channel the calls travel over (for ``loan`` and ``statistics``)."""
-        return self._chan
-
-    @property
-    def pending(self) -> int:
-        """Calls sent and not answered yet."""
-        return len(self._core.pending)
 
     # -- life ---------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from .callcore import (
     POLL_PEER_S,
     START,
     WAKE,
-    ClientCore,
+    ClientBase,
     Job,
     ServerCore,
     Worker,
@@ -72,7 +72,7 @@ class _Slot:
         pass  # (the condition is notified once per batch)
 
 
-class SyncClient:
+class SyncClient(ClientBase[SyncChannel]):
     """Blocking calls over one :class:`~ringwire.SyncChannel`, from any number of threads::
 
         with ringwire.SyncClient(channel, type=Reply) as client:
@@ -87,24 +87,9 @@ class SyncClient:
     """
 
     def __init__(self, channel: SyncChannel, *, type: Any = Any) -> None:
-        self._chan = channel
-        self._env_type = envelope_type(type)
+        super().__init__(channel, type=type)
         self._cv = threading.Condition(threading.Lock())
-        self._core = ClientCore(channel.peer_pid)
         self._receiving = False
-
-    def __repr__(self) -> str:
-        return f"<SyncClient over {self._chan!r}, {self._core.state()}>"
-
-    @property
-    def channel(self) -> SyncChannel:
-        """The channel the calls travel over (for ``loan`` and ``statistics``)."""
-        return self._chan
-
-    @property
-    def pending(self) -> int:
-        """Calls sent and not answered yet."""
-        return len(self._core.pending)
 
     def __enter__(self) -> SyncClient:
         return self

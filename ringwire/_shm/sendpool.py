@@ -86,6 +86,7 @@ def _address(buf: Any) -> int:
 
 # -- the producer's side -----------------------------------------------------------------
 
+
 class ShmSendPool:
     """The producer's view of its own pool: allocation, loans, releases, receipts
     (a :class:`~ringwire._pool.protocols.SendPool`).
