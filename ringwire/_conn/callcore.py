@@ -11,7 +11,8 @@ carries nothing but :class:`~ringwire._wire.envelope.Envelope` records::
 This module holds everything about them that is not waiting: :class:`ClientCore` (the
 id counter, the pending table, reply dispatch, the deferred cancels, the failure that
 ends a client), :class:`ClientBase` (what both clients are: the channel they own, the
-envelope type they decode, their core), and :class:`ServerCore` (the admitted calls, the queue, the workers'
+envelope type they decode, their core), :class:`ServerBase` (the same of both servers,
+and how an undecodable call ends one), and :class:`ServerCore` (the admitted calls, the queue, the workers'
 bookkeeping, CALL / CANCEL dispatch, the answers to a deadline or an unsendable
 reply), and every error text of the calls.  It does no I/O and never waits: the
 drivers (:mod:`~ringwire._conn.calls` with tasks, :mod:`~ringwire._conn.sync_calls`
@@ -115,6 +116,7 @@ __all__ = [
     "WAKE",
     "ClientCore",
     "Job",
+    "ServerBase",
     "ServerCore",
     "Waiter",
     "Worker",
@@ -308,6 +310,7 @@ START, WAKE, CANCEL_RUNNING = "start", "wake", "cancel"  # what ServerCore.dispa
 class _Peer(Protocol):
     @property
     def peer_pid(self) -> int: ...
+    def abort(self, reason: str) -> None: ...
 
 
 _Chan = TypeVar("_Chan", bound=_Peer)
@@ -335,6 +338,29 @@ class ClientBase(Generic[_Chan]):
     def pending(self) -> int:
         """Calls sent and not answered yet."""
         return len(self._core.pending)
+
+
+class ServerBase(Generic[_Chan]):
+    """What both call servers are, without waiting: the channel (they do not own it),
+    the handler, their :class:`ServerCore`, the envelope type calls decode as, whether
+    the client closed (``eof``) and what serving raises at the end (``failure``)."""
+
+    def __init__(
+        self, chan: _Chan, handler: Any, concurrency: int, max_queued: int, type: Any
+    ) -> None:
+        self.chan = chan
+        self.handler = handler
+        self.core = ServerCore(concurrency, max_queued, chan.peer_pid)
+        self.env_type = envelope_type(type)
+        self.eof = False
+        self.failure: BaseException | None = None
+
+    def undecodable(self, exc: DecodeError) -> ProtocolError:
+        """A call envelope that does not decode: the channel is aborted with the reason
+        (the client gets ``BrokenResourceError`` carrying it); the error serving raises."""
+        err = self.core.undecodable(exc)
+        self.chan.abort(str(err))
+        return err
 
 
 class Job:

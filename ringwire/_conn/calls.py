@@ -39,7 +39,7 @@ import anyio.to_thread
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
-from .._wire.envelope import CALL, CANCEL, REPLY, Envelope, envelope_type
+from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
 from .async_channel import Channel
 from .callcore import (
     CANCEL_RUNNING,
@@ -48,6 +48,7 @@ from .callcore import (
     START,
     ClientBase,
     Job,
+    ServerBase,
     ServerCore,
     Worker,
     is_async,
@@ -314,7 +315,7 @@ class Client(ClientBase[Channel]):
 _UNSET: Any = object()
 
 
-class _Server:
+class _Server(ServerBase[Channel]):
     def __init__(
         self,
         chan: Channel,
@@ -324,15 +325,10 @@ class _Server:
         type: Any,
         blocking: bool,
     ) -> None:
-        self.chan = chan
-        self.handler = handler
+        super().__init__(chan, handler, concurrency, max_queued, type)
         self.blocking = blocking
-        self.core = ServerCore(concurrency, max_queued, chan.peer_pid)
-        self.env_type = envelope_type(type)
         self.room: anyio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.eof = False
-        self.failure: BaseException | None = None
         self.limiter = anyio.CapacityLimiter(concurrency) if blocking else None
         self.sender = _Sender(chan)
         self.tg: anyio.abc.TaskGroup | None = None
@@ -393,9 +389,7 @@ class _Server:
                 self.eof = True
                 return
             except DecodeError as exc:
-                err = core.undecodable(exc)
-                chan.abort(str(err))
-                raise err from exc
+                raise self.undecodable(exc) from exc
             now = self.now()
             try:
                 for env in envs:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
-from .._wire.envelope import CALL, CANCEL, REPLY, Envelope, envelope_type
+from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
 from .callcore import (
     DEFAULT_CONCURRENCY,
     POLL_PEER_S,
@@ -44,6 +44,7 @@ from .callcore import (
     WAKE,
     ClientBase,
     Job,
+    ServerBase,
     ServerCore,
     Worker,
     is_async,
@@ -236,7 +237,7 @@ def call_cancelled() -> bool:
     return job.cancelled or (job.deadline is not None and time.monotonic() >= job.deadline)
 
 
-class _SyncServer:
+class _SyncServer(ServerBase[SyncChannel]):
     def __init__(
         self,
         chan: SyncChannel,
@@ -245,16 +246,11 @@ class _SyncServer:
         max_queued: int,
         type: Any,
     ) -> None:
-        self.chan = chan
-        self.handler = handler
-        self.core = ServerCore(concurrency, max_queued, chan.peer_pid)
-        self.env_type = envelope_type(type)
+        super().__init__(chan, handler, concurrency, max_queued, type)
         self.lock = threading.Lock()
         self.room = threading.Condition(self.lock)  # the reader waits here when full
         self.threads: list[threading.Thread] = []
         self.stopping = False
-        self.eof = False
-        self.failure: BaseException | None = None
 
     def run(self) -> None:
         try:
@@ -306,9 +302,7 @@ class _SyncServer:
                 self.eof = True
                 return
             except DecodeError as exc:
-                err = core.undecodable(exc)
-                chan.abort(str(err))
-                raise err from exc
+                raise self.undecodable(exc) from exc
             now = time.monotonic()
             bad = None
             with lock:
