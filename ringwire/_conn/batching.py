@@ -48,7 +48,6 @@ __all__ = [
     "take_placement",
 ]
 
-
 class Batching(Protocol):
     """What these functions use of an endpoint (``spare`` / ``spare_policy``: the
     placement kept for the next record, which they take and put back)."""

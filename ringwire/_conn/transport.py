@@ -190,7 +190,6 @@ class Transport(Protocol):
         """The peer's pool, which resolves its references (``None``: it has none)."""
 
     encoder: Encoder  # what the endpoint encodes with (see the module docstring)
-
     # how arrays travel, and why not through NIXL ("" where they may, or no NIXL at all):
     # ChannelStatistics.tensor_path / nixl_off
     @property

@@ -553,7 +553,9 @@ class NetAcceptor:
                 self._hello(rid, msg[1].bytes, user)
             except HandshakeError as exc:
                 refused.append(exc)
-                self.router.send_multipart((rid, encode_rendezvous(Refused(str(exc)))), zmq.NOBLOCK)
+                self.router.send_multipart(
+                    (rid, encode_rendezvous(Refused(str(exc)))), zmq.NOBLOCK
+                )
         now = time.monotonic()
         for p in list(self._pending):
             try:

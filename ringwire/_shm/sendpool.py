@@ -86,7 +86,6 @@ def _address(buf: Any) -> int:
 
 # -- the producer's side -----------------------------------------------------------------
 
-
 class ShmSendPool:
     """The producer's view of its own pool: allocation, loans, releases, receipts
     (a :class:`~ringwire._pool.protocols.SendPool`).
