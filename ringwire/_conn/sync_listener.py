@@ -7,7 +7,9 @@ socket and a wake-up descriptor of its own.  It accepts while it waits (the hand
 in the waiting thread, bounded by ``handshake_timeout``), and a connection whose peer
 died wakes it like a record does (the hang-up is readable on the descriptor it polls),
 so a dead peer is dropped, never waited on.  ``close()`` from another thread rings
-the wake-up descriptor.
+the wake-up descriptor.  What does not wait -- reading one connection, dropping a dead
+one, the counters, spinning and parking -- is :class:`~.listener.ListenerBase`'s,
+shared with the async listener; this module adds the receive turns and the poll.
 
 Threads: the fan-in reads a connection only while it holds that connection's receive
 turn (the lock a ``SyncChannel``'s receivers take, :func:`.sync_channel.receive_turn`),
