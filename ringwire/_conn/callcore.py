@@ -10,7 +10,9 @@ carries nothing but :class:`~ringwire._wire.envelope.Envelope` records::
 
 This module holds everything about them that is not waiting: :class:`ClientCore` (the
 id counter, the pending table, reply dispatch, the deferred cancels, the failure that
-ends a client) and :class:`ServerCore` (the admitted calls, the queue, the workers'
+ends a client), :class:`ClientBase` (what both clients are: the channel they own, the
+envelope type they decode, their core), :class:`ServerBase` (the same of both servers,
+and how an undecodable call ends one), and :class:`ServerCore` (the admitted calls, the queue, the workers'
 bookkeeping, CALL / CANCEL dispatch, the answers to a deadline or an unsendable
 reply), and every error text of the calls.  It does no I/O and never waits: the
 drivers (:mod:`~ringwire._conn.calls` with tasks, :mod:`~ringwire._conn.sync_calls`
@@ -86,7 +88,7 @@ from __future__ import annotations
 import collections
 import inspect
 import logging
-from typing import Any, Optional, Protocol
+from typing import Any, Generic, Optional, Protocol, TypeVar
 
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
@@ -100,18 +102,21 @@ from .._wire.envelope import (
     REPLY,
     Envelope,
     ErrorInfo,
+    envelope_type,
     error_info,
     remote_error,
 )
 
 __all__ = [
     "CANCEL_RUNNING",
+    "ClientBase",
     "DEFAULT_CONCURRENCY",
     "POLL_PEER_S",
     "START",
     "WAKE",
     "ClientCore",
     "Job",
+    "ServerBase",
     "ServerCore",
     "Waiter",
     "Worker",
@@ -300,6 +305,62 @@ class ClientCore:
 
 QUEUED, RUNNING, DROPPED = 0, 1, 2
 START, WAKE, CANCEL_RUNNING = "start", "wake", "cancel"  # what ServerCore.dispatch asks
+
+
+class _Peer(Protocol):
+    @property
+    def peer_pid(self) -> int: ...
+    def abort(self, reason: str) -> None: ...
+
+
+_Chan = TypeVar("_Chan", bound=_Peer)
+
+
+class ClientBase(Generic[_Chan]):
+    """What both call clients are, without waiting: the channel they own (its only
+    receiver), the envelope type replies decode as (``type``; ``TypeError`` for one
+    msgspec cannot decode), and their :class:`ClientCore`."""
+
+    def __init__(self, channel: _Chan, *, type: Any = Any) -> None:
+        self._chan = channel
+        self._env_type = envelope_type(type)
+        self._core = ClientCore(channel.peer_pid)
+
+    def __repr__(self) -> str:
+        return f"<{self.__class__.__name__} over {self._chan!r}, {self._core.state()}>"
+
+    @property
+    def channel(self) -> _Chan:
+        """The channel the calls travel over (for ``loan`` and ``statistics``)."""
+        return self._chan
+
+    @property
+    def pending(self) -> int:
+        """Calls sent and not answered yet."""
+        return len(self._core.pending)
+
+
+class ServerBase(Generic[_Chan]):
+    """What both call servers are, without waiting: the channel (they do not own it),
+    the handler, their :class:`ServerCore`, the envelope type calls decode as, whether
+    the client closed (``eof``) and what serving raises at the end (``failure``)."""
+
+    def __init__(
+        self, chan: _Chan, handler: Any, concurrency: int, max_queued: int, type: Any
+    ) -> None:
+        self.chan = chan
+        self.handler = handler
+        self.core = ServerCore(concurrency, max_queued, chan.peer_pid)
+        self.env_type = envelope_type(type)
+        self.eof = False
+        self.failure: BaseException | None = None
+
+    def undecodable(self, exc: DecodeError) -> ProtocolError:
+        """A call envelope that does not decode: the channel is aborted with the reason
+        (the client gets ``BrokenResourceError`` carrying it); the error serving raises."""
+        err = self.core.undecodable(exc)
+        self.chan.abort(str(err))
+        return err
 
 
 class Job:

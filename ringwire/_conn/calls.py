@@ -39,15 +39,16 @@ import anyio.to_thread
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
-from .._wire.envelope import CALL, CANCEL, REPLY, Envelope, envelope_type
+from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
 from .async_channel import Channel
 from .callcore import (
     CANCEL_RUNNING,
     DEFAULT_CONCURRENCY,
     POLL_PEER_S,
     START,
-    ClientCore,
+    ClientBase,
     Job,
+    ServerBase,
     ServerCore,
     Worker,
     is_async,
@@ -115,7 +116,7 @@ class _Waiter:
             fut.set_result(None)
 
 
-class Client:
+class Client(ClientBase[Channel]):
     """Many concurrent calls over one :class:`~ringwire.Channel`::
 
         async with ringwire.Client(channel, type=Reply) as client:
@@ -134,26 +135,11 @@ class Client:
     """
 
     def __init__(self, channel: Channel, *, type: Any = Any) -> None:
-        self._chan = channel
-        self._env_type = envelope_type(type)
-        self._core = ClientCore(channel.peer_pid)
+        super().__init__(channel, type=type)
         self._tg: anyio.abc.TaskGroup | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sender: _Sender | None = None
         self._deferred_event: anyio.Event | None = None
-
-    def __repr__(self) -> str:
-        return f"<Client over {self._chan!r}, {self._core.state()}>"
-
-    @property
-    def channel(self) -> Channel:
-        """The channel the calls travel over (for ``loan`` and ``statistics``)."""
-        return self._chan
-
-    @property
-    def pending(self) -> int:
-        """Calls sent and not answered yet."""
-        return len(self._core.pending)
 
     # -- life ---------------------------------------------------------------------------
 
@@ -329,7 +315,7 @@ class Client:
 _UNSET: Any = object()
 
 
-class _Server:
+class _Server(ServerBase[Channel]):
     def __init__(
         self,
         chan: Channel,
@@ -339,15 +325,10 @@ class _Server:
         type: Any,
         blocking: bool,
     ) -> None:
-        self.chan = chan
-        self.handler = handler
+        super().__init__(chan, handler, concurrency, max_queued, type)
         self.blocking = blocking
-        self.core = ServerCore(concurrency, max_queued, chan.peer_pid)
-        self.env_type = envelope_type(type)
         self.room: anyio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.eof = False
-        self.failure: BaseException | None = None
         self.limiter = anyio.CapacityLimiter(concurrency) if blocking else None
         self.sender = _Sender(chan)
         self.tg: anyio.abc.TaskGroup | None = None
@@ -408,9 +389,7 @@ class _Server:
                 self.eof = True
                 return
             except DecodeError as exc:
-                err = core.undecodable(exc)
-                chan.abort(str(err))
-                raise err from exc
+                raise self.undecodable(exc) from exc
             now = self.now()
             try:
                 for env in envs:

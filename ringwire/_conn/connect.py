@@ -61,12 +61,39 @@ def _no_listener(path: str | os.PathLike[str], exc: OSError) -> OSError:
     return type(exc)(exc.errno, what)
 
 
-def _no_keys_here(path: str | os.PathLike[str], keys: Any) -> None:
+def _checked(
+    path: str | os.PathLike[str],
+    capacity: int,
+    spin_us: float,
+    handshake_timeout: float,
+    slots: SlotConfig | None,
+    copy_out: bool,
+    heartbeat: float,
+    keys: ClientKeys | None,
+) -> tuple[SlotConfig | None, Any]:
+    """What both connects check before anything is made (raising ``ValueError`` /
+    ``TypeError``): the resolved ``slots``, and for a ``tcp://`` address the handshake
+    generator to drive (``None``: a Unix socket path)."""
+    validate_capacity(capacity)
+    check_options(spin_us, handshake_timeout, copy_out)
+    slots = resolve_config(slots)
+    if isinstance(path, str) and path.startswith("tcp://"):
+        check_heartbeat(heartbeat)
+        _, gen = connect_transport(
+            path,
+            capacity=capacity,
+            slots=slots,
+            heartbeat=heartbeat,
+            timeout=handshake_timeout,
+            keys=keys,
+        )
+        return slots, gen
     if keys is not None:
         raise ValueError(
             f"keys= is for tcp:// addresses; {os.fspath(path)!r} is a Unix socket, whose "
             "listener admits processes of its own uid only"
         )
+    return slots, None
 
 
 async def connect(
@@ -109,22 +136,12 @@ async def connect(
     (:class:`PeerCredentialsError` for refused credentials), ``TimeoutError`` after
     ``handshake_timeout``.
     """
-    validate_capacity(capacity)
-    check_options(spin_us, handshake_timeout, copy_out)
-    slots = resolve_config(slots)
-    if isinstance(path, str) and path.startswith("tcp://"):
-        check_heartbeat(heartbeat)
-        _, gen = connect_transport(
-            path,
-            capacity=capacity,
-            slots=slots,
-            heartbeat=heartbeat,
-            timeout=handshake_timeout,
-            keys=keys,
-        )
+    slots, gen = _checked(
+        path, capacity, spin_us, handshake_timeout, slots, copy_out, heartbeat, keys
+    )
+    if gen is not None:  # tcp://
         transport = receiving(await net_drive_async(gen), copy_out)
-        return Channel(Endpoint(transport, type=type, spin_us=spin_us, name=path))
-    _no_keys_here(path, keys)
+        return Channel(Endpoint(transport, type=type, spin_us=spin_us, name=os.fspath(path)))
     sock = _client_socket(path)
     try:
         with anyio.fail_after(handshake_timeout):
@@ -161,22 +178,12 @@ def connect_sync(
 ) -> SyncChannel:
     """Blocking :func:`connect`: returns a :class:`SyncChannel` (``tcp://`` too).  The
     keywords, and what it raises, are :func:`connect`'s."""
-    validate_capacity(capacity)
-    check_options(spin_us, handshake_timeout, copy_out)
-    slots = resolve_config(slots)
-    if isinstance(path, str) and path.startswith("tcp://"):
-        check_heartbeat(heartbeat)
-        _, gen = connect_transport(
-            path,
-            capacity=capacity,
-            slots=slots,
-            heartbeat=heartbeat,
-            timeout=handshake_timeout,
-            keys=keys,
-        )
+    slots, gen = _checked(
+        path, capacity, spin_us, handshake_timeout, slots, copy_out, heartbeat, keys
+    )
+    if gen is not None:  # tcp://
         transport = receiving(net_drive_sync(gen), copy_out)
-        return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=path))
-    _no_keys_here(path, keys)
+        return SyncChannel(Endpoint(transport, type=type, spin_us=spin_us, name=os.fspath(path)))
     deadline = time.monotonic() + handshake_timeout
     sock = _client_socket(path)
     try:

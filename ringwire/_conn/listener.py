@@ -3,8 +3,10 @@
 :class:`Listener` (async) runs handshakes in the background and merges every accepted
 connection into one stream of ``(connection, record)``; its blocking twin,
 :class:`~ringwire.SyncListener`, is in :mod:`.sync_listener`.  What both are
-configured with, and how they make the endpoint of an accepted connection, is
-:class:`ListenerBase`.
+configured with, how they make the endpoint of an accepted connection, and the part
+of the fan-in that never waits (reading one connection, dropping a dead one, the
+counters, spinning and parking before a wait) is :class:`ListenerBase`: each driver
+adds only how it waits and which connections it may read.
 
 Both: a failed handshake never disturbs a listener (it is logged and counted as
 refused); a connection that breaks is logged, counted and dropped from the fan-in
@@ -21,7 +23,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -72,15 +74,29 @@ async def _sweep_when_dead(pid: int, patience: float = 2.0) -> None:
     sweep()
 
 
-class ListenerBase:
-    """What both listeners are configured with, and how they run and refuse handshakes.
+_Ch = TypeVar("_Ch")
+_Ch_co = TypeVar("_Ch_co", covariant=True)
 
-    ``type`` decodes records of accepted connections; ``spin_us`` is their spin budget;
-    ``max_capacity`` bounds the rings a client may announce; ``handshake_timeout``
-    bounds one handshake; ``backlog`` is the socket's listen backlog; ``slots`` is the
-    send pool of every accepted connection, ``copy_out`` their choice as receivers
-    (see :func:`connect`).
-    """
+
+class _FanInConn(Protocol[_Ch_co]):
+    """A connection in a fan-in: what users get (``chan``), and its endpoint."""
+
+    @property
+    def chan(self) -> _Ch_co: ...
+    @property
+    def core(self) -> Endpoint: ...
+
+
+_C = TypeVar("_C", bound=_FanInConn[Any])
+
+
+class ListenerBase(Generic[_Ch, _C]):
+    """What both listeners are configured with, how they run and refuse handshakes,
+    and the fan-in's bookkeeping that never waits: the connections in fan-in order
+    (``_conns``, of the driver's type ``_C``, each with a ``_Ch`` for users), the round-robin position, the counters,
+    and reading, dropping and parking connections.  A driver sets ``_guard`` (the
+    blocking one: its lock; the async one has none) and its own state in
+    :meth:`_open`."""
 
     def __init__(
         self,
@@ -97,6 +113,19 @@ class ListenerBase:
         insecure: bool = False,
         keys: ServerKeys | None = None,
     ) -> None:
+        """``type`` decodes the records of every accepted connection; ``spin_us`` is
+        their spin budget; ``max_capacity`` bounds the rings a client may announce;
+        ``handshake_timeout`` bounds one handshake; ``backlog`` is the socket's listen
+        backlog; ``slots`` is this side's send pool on every accepted connection, and
+        ``copy_out`` whether they copy the arrays they receive in the peer's slots
+        (see :func:`connect`).  ``path`` may be ``"tcp://host:port"`` (port 0: any free
+        one; :attr:`path` then names the bound address): ``heartbeat`` is the TCP
+        connections' liveness bound, and a non-loopback host needs ``keys`` (a
+        :class:`~ringwire.ServerKeys`: CURVE, only the listed clients admitted; each
+        refusal logged and counted in ``statistics().refused``) or ``insecure=True``.
+        Raises ``ValueError`` / ``TypeError`` for bad values (before anything is
+        made); the address is bound when an async listener is entered, at once by a
+        blocking one: ``OSError`` if it cannot be."""
         self.path = os.fspath(path)
         self.tcp = self.path.startswith("tcp://")
         check_heartbeat(heartbeat)
@@ -120,10 +149,54 @@ class ListenerBase:
         self._type = type
         self._slots = resolve_config(slots)
         self._spin_us = spin_us
+        self._spin_ns = int(max(0.0, float(spin_us)) * 1000)
         self._max_capacity = max_capacity
         self._handshake_timeout = handshake_timeout
         self._backlog = backlog
         self._copy_out = copy_out
+        self._guard: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        self._conns: list[_C] = []  # in fan-in order
+        self._rr = 0  # the round-robin position in _conns
+        self._closed = False
+        self._accepted = self._refused = self._broken = self._ended = 0
+        self._open()
+
+    def _open(self) -> None:
+        """The driver's own state (a blocking listener binds its address here)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path} {len(self._conns)} connections>"
+
+    @property
+    def connections(self) -> list[_Ch]:
+        """The open connections in the fan-in."""
+        with self._guard:
+            self._prune()
+            return [c.chan for c in self._conns]
+
+    def statistics(self) -> ListenerStatistics:
+        """A snapshot of the listener's counters (open, accepted, refused, broken, ended)."""
+        with self._guard:
+            self._prune()
+            return ListenerStatistics(
+                open_connections=len(self._conns),
+                accepted=self._accepted,
+                refused=self._refused,
+                broken=self._broken,
+                ended=self._ended,
+            )
+
+    def _prune(self) -> list[_C]:
+        """(Under ``_guard``.)  Connections their user closed (taken with accept(), say)
+        leave the fan-in here too, counted as ended, not only when a fan-in read finds
+        them: a listener used through accept() alone would otherwise keep every
+        connection it ever had.  Returns them."""
+        closed = [c for c in self._conns if c.core.closed]
+        for conn in closed:
+            self._conns.remove(conn)
+            self._ended += 1
+        return closed
 
     def _open_acceptor(self) -> None:
         """``tcp://``: bind the rendezvous (``self.path`` becomes the bound address,
@@ -158,8 +231,86 @@ class ListenerBase:
         except FileNotFoundError:
             pass
 
+    def _refused_one(self, exc: BaseException) -> None:
+        with self._guard:
+            self._refused += getattr(exc, "count", 1)  # (one standing for a flood of them)
+        self._log_refusal(exc)
 
-class Listener(ListenerBase):
+    # -- the fan-in's part that never waits -----------------------------------------------
+
+    def _drop(self, conn: _C, exc: BaseException | None) -> None:
+        """Out of the fan-in, counted as ended (``exc is None``) or broken: then
+        logged, and the sender learns why.  The driver closes it."""
+        with self._guard:
+            if conn in self._conns:
+                self._conns.remove(conn)
+            if exc is None:
+                self._ended += 1
+            else:
+                self._broken += 1
+        if exc is not None:
+            # (the text, not the exception: a handler that keeps records would keep its
+            # traceback's frames, and the records and arrays in them, alive)
+            logger.warning(
+                "ringwire listener %s dropped the connection from pid %s: %s",
+                self.path,
+                conn.core.peer_pid,
+                str(exc),
+            )
+            conn.core.abort(f"{type(exc).__name__}: {exc}")  # the sender learns why
+
+    def _read(self, conn: _C, max_n: int) -> Any:
+        """One record of ``conn`` (``max_n == 0``) or a list of at most ``max_n``;
+        ``EMPTY`` when it has none -- and when it is closed, ended or broken, which
+        drops it from the fan-in.  (The blocking driver holds its receive turn.)"""
+        core = conn.core
+        try:
+            if core.closed:
+                self._drop(conn, None)
+                return EMPTY
+            if max_n:
+                got = core.try_receive_many(core.dec, max_n) or EMPTY
+            else:
+                got = core.try_receive(core.dec)
+            if got is EMPTY:
+                core.check_finished()
+            return got
+        except EndOfStream:
+            self._drop(conn, None)
+        except (BrokenResourceError, DecodeError) as exc:
+            self._drop(conn, exc)
+        return EMPTY
+
+    def _spin(self, cores: list[Endpoint]) -> bool:
+        """Spin up to ``spin_us`` for one of ``cores`` to be ready: ``True`` if one is."""
+        if self._spin_ns and cores:
+            clock = time.perf_counter_ns
+            deadline = clock() + self._spin_ns
+            while clock() < deadline:
+                if any(core.receive_ready() for core in cores):
+                    return True
+        return False
+
+    @staticmethod
+    def _park(cores: list[Endpoint]) -> bool:
+        """Park every one of ``cores`` (the caller unparks them with :meth:`_unpark`
+        whatever happens next): ``True`` if one became ready meanwhile (do not wait);
+        else each counts a park."""
+        for core in cores:
+            core.park_rx()
+        if any(core.receive_ready() for core in cores):
+            return True
+        for core in cores:
+            core.recv_parks += 1
+        return False
+
+    @staticmethod
+    def _unpark(cores: list[Endpoint]) -> None:
+        for core in cores:
+            core.unpark_rx()
+
+
+class Listener(ListenerBase[Channel, _Accepted]):
     """Accepts connections at a Unix socket path; many producers, one consumer.
 
     Use it as an async context manager (it accepts and runs handshakes in the
@@ -176,83 +327,18 @@ class Listener(ListenerBase):
     connection it accepted and removes the socket file.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        type: Any = Any,
-        spin_us: float = DEFAULT_SPIN_US,
-        max_capacity: int = MAX_CAPACITY,
-        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-        backlog: int = 128,
-        slots: SlotConfig | None = DEFAULT_SLOTS,
-        copy_out: bool = False,
-        heartbeat: float = DEFAULT_HEARTBEAT,
-        insecure: bool = False,
-        keys: ServerKeys | None = None,
-    ) -> None:
-        """``type`` decodes the records of every accepted connection; ``spin_us`` is
-        their spin budget; ``max_capacity`` bounds the rings a client may announce;
-        ``handshake_timeout`` bounds one handshake; ``backlog`` is the socket's listen
-        backlog; ``slots`` is this side's send pool on every accepted connection, and
-        ``copy_out`` whether they copy the arrays they receive in the peer's slots
-        (see :func:`connect`).  ``path`` may be ``"tcp://host:port"`` (port 0: any free
-        one; :attr:`path` then names the bound address): ``heartbeat`` is the TCP
-        connections' liveness bound, and a non-loopback host needs ``keys`` (a
-        :class:`~ringwire.ServerKeys`: CURVE, only the listed clients admitted; each
-        refusal logged and counted in ``statistics().refused``) or ``insecure=True``.
-        Raises ``ValueError`` / ``TypeError`` for bad values (before anything is
-        made); entering it raises ``OSError`` if the address cannot be bound."""
-        super().__init__(
-            path,
-            type=type,
-            spin_us=spin_us,
-            max_capacity=max_capacity,
-            handshake_timeout=handshake_timeout,
-            backlog=backlog,
-            slots=slots,
-            copy_out=copy_out,
-            heartbeat=heartbeat,
-            insecure=insecure,
-            keys=keys,
-        )
-        self._spin_ns = int(max(0.0, float(self._spin_us)) * 1000)
+    def _open(self) -> None:
         self._sock: socket.socket | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._conns: list[_Accepted] = []  # in fan-in order
-        self._closed = False
-        self._rr = 0
         self._event: anyio.Event | None = None
         self._accept_send, self._accept_recv = anyio.create_memory_object_stream[Channel](math.inf)
-        self._accepted = self._refused = self._broken = self._ended = 0
         self._fast_ops = 0
 
-    def __repr__(self) -> str:
-        return f"<Listener {self.path} {len(self._conns)} connections>"
-
-    @property
-    def connections(self) -> list[Channel]:
-        """The open connections in the fan-in."""
-        self._prune()
-        return [a.chan for a in self._conns]
-
-    def _prune(self) -> None:
-        # connections their user closed (taken with accept(), say) leave the fan-in here
-        # too, not only when a fan-in read finds them: a listener used through accept()
-        # alone would otherwise keep every connection it ever had
-        for conn in [c for c in self._conns if c.core.closed]:
-            self._drop(conn, None)
-
-    def statistics(self) -> ListenerStatistics:
-        """A snapshot of the listener's counters (open, accepted, refused, broken, ended)."""
-        self._prune()
-        return ListenerStatistics(
-            open_connections=len(self._conns),
-            accepted=self._accepted,
-            refused=self._refused,
-            broken=self._broken,
-            ended=self._ended,
-        )
+    def _prune(self) -> list[_Accepted]:
+        closed = super()._prune()
+        for conn in closed:
+            conn.chan.close()
+        return closed
 
     async def __aenter__(self) -> Listener:
         if self._sock is not None or self._acceptor is not None or self._closed:
@@ -354,8 +440,7 @@ class Listener(ListenerBase):
                 transport = await drive_async(self._handshake_for(pid), sock)
         except Exception as exc:
             sock.close()
-            self._refused += 1
-            self._log_refusal(exc)
+            self._refused_one(exc)
             if getattr(exc, "before_hello", False) and pid is not None:
                 await _sweep_when_dead(pid)
             return
@@ -363,10 +448,6 @@ class Listener(ListenerBase):
             sock.close()
             raise
         await self._adopt(transport)
-
-    def _refused_one(self, exc: BaseException) -> None:
-        self._refused += getattr(exc, "count", 1)  # (one standing for a flood of them)
-        self._log_refusal(exc)
 
     def _adopt_soon(self, transport: Any) -> None:
         assert self._tg is not None
@@ -422,44 +503,8 @@ class Listener(ListenerBase):
     # -- fan-in -----------------------------------------------------------------------------
 
     def _drop(self, conn: _Accepted, exc: BaseException | None) -> None:
-        if conn in self._conns:
-            self._conns.remove(conn)
-        if exc is None:
-            self._ended += 1
-        else:
-            self._broken += 1
-            # (the text, not the exception: a handler that keeps records would keep its
-            # traceback's frames, and the records and arrays in them, alive)
-            logger.warning(
-                "ringwire listener %s dropped the connection from pid %s: %s",
-                self.path,
-                conn.core.peer_pid,
-                str(exc),
-            )
-            conn.core.abort(f"{type(exc).__name__}: {exc}")  # the sender learns why
+        super()._drop(conn, exc)
         conn.chan.close()
-
-    def _read(self, conn: _Accepted, max_n: int) -> Any:
-        """One record of ``conn`` (``max_n == 0``) or a list of at most ``max_n``;
-        ``EMPTY`` when it has none -- and when it is closed, ended or broken, which
-        drops it from the fan-in."""
-        core = conn.core
-        try:
-            if core.closed:
-                self._drop(conn, None)
-                return EMPTY
-            if max_n:
-                got = core.try_receive_many(core.dec, max_n) or EMPTY
-            else:
-                got = core.try_receive(core.dec)
-            if got is EMPTY:
-                core.check_finished()
-            return got
-        except EndOfStream:
-            self._drop(conn, None)
-        except (BrokenResourceError, DecodeError) as exc:
-            self._drop(conn, exc)
-        return EMPTY
 
     def _try_fan_in(self) -> tuple[Channel, Any] | None:
         conns = self._conns
@@ -501,9 +546,6 @@ class Listener(ListenerBase):
             self._rr = (self._rr + i) % n
         return out
 
-    def _any_ready(self) -> bool:
-        return any(c.core.receive_ready() for c in self._conns)
-
     async def receive(self) -> tuple[Channel, Any]:
         """The next record from any connection, as ``(connection, record)``.
 
@@ -544,27 +586,18 @@ class Listener(ListenerBase):
     async def _wait_any(self) -> None:
         """Spin, then park every connection, until one may have a record (or a
         connection arrives or goes); returns early, callers re-check."""
-        if self._spin_ns and self._conns:
-            clock = time.perf_counter_ns
-            deadline = clock() + self._spin_ns
-            while clock() < deadline:
-                if self._any_ready():
-                    return
+        if self._spin([c.core for c in self._conns]):
+            return
         ev = self._event
         if ev is None:
             ev = self._event = anyio.Event()
         parked = [c.core for c in self._conns if not c.core.closed]
-        for core in parked:
-            core.park_rx()
         try:
-            if self._any_ready():
+            if self._park(parked):
                 return
-            for core in parked:
-                core.recv_parks += 1
             await ev.wait()
         finally:
-            for core in parked:
-                core.unpark_rx()
+            self._unpark(parked)
 
     async def _maybe_yield(self) -> None:
         # shielded: the operation is done (a record taken, or sent), and a cancellation

@@ -36,14 +36,15 @@ from typing import Any, Callable, Optional
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
-from .._wire.envelope import CALL, CANCEL, REPLY, Envelope, envelope_type
+from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
 from .callcore import (
     DEFAULT_CONCURRENCY,
     POLL_PEER_S,
     START,
     WAKE,
-    ClientCore,
+    ClientBase,
     Job,
+    ServerBase,
     ServerCore,
     Worker,
     is_async,
@@ -72,7 +73,7 @@ class _Slot:
         pass  # (the condition is notified once per batch)
 
 
-class SyncClient:
+class SyncClient(ClientBase[SyncChannel]):
     """Blocking calls over one :class:`~ringwire.SyncChannel`, from any number of threads::
 
         with ringwire.SyncClient(channel, type=Reply) as client:
@@ -87,24 +88,9 @@ class SyncClient:
     """
 
     def __init__(self, channel: SyncChannel, *, type: Any = Any) -> None:
-        self._chan = channel
-        self._env_type = envelope_type(type)
+        super().__init__(channel, type=type)
         self._cv = threading.Condition(threading.Lock())
-        self._core = ClientCore(channel.peer_pid)
         self._receiving = False
-
-    def __repr__(self) -> str:
-        return f"<SyncClient over {self._chan!r}, {self._core.state()}>"
-
-    @property
-    def channel(self) -> SyncChannel:
-        """The channel the calls travel over (for ``loan`` and ``statistics``)."""
-        return self._chan
-
-    @property
-    def pending(self) -> int:
-        """Calls sent and not answered yet."""
-        return len(self._core.pending)
 
     def __enter__(self) -> SyncClient:
         return self
@@ -251,7 +237,7 @@ def call_cancelled() -> bool:
     return job.cancelled or (job.deadline is not None and time.monotonic() >= job.deadline)
 
 
-class _SyncServer:
+class _SyncServer(ServerBase[SyncChannel]):
     def __init__(
         self,
         chan: SyncChannel,
@@ -260,16 +246,11 @@ class _SyncServer:
         max_queued: int,
         type: Any,
     ) -> None:
-        self.chan = chan
-        self.handler = handler
-        self.core = ServerCore(concurrency, max_queued, chan.peer_pid)
-        self.env_type = envelope_type(type)
+        super().__init__(chan, handler, concurrency, max_queued, type)
         self.lock = threading.Lock()
         self.room = threading.Condition(self.lock)  # the reader waits here when full
         self.threads: list[threading.Thread] = []
         self.stopping = False
-        self.eof = False
-        self.failure: BaseException | None = None
 
     def run(self) -> None:
         try:
@@ -321,9 +302,7 @@ class _SyncServer:
                 self.eof = True
                 return
             except DecodeError as exc:
-                err = core.undecodable(exc)
-                chan.abort(str(err))
-                raise err from exc
+                raise self.undecodable(exc) from exc
             now = time.monotonic()
             bad = None
             with lock:

@@ -32,7 +32,17 @@ from . import waits
 from .driving import EndpointFacade, ReceiptBase, warn_held
 from .endpoint import EMPTY, UNSET, Endpoint
 
-__all__ = ["SyncChannel", "SyncReceipt", "SyncSending", "SyncWaker", "receive_turn"]
+__all__ = [
+    "SyncChannel",
+    "SyncReceipt",
+    "SyncSending",
+    "SyncWaker",
+    "close_fds",
+    "eventfd_clear",
+    "eventfd_new",
+    "eventfd_ring",
+    "receive_turn",
+]
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -44,6 +54,35 @@ def _acquire(lock: threading.Lock, deadline: float | None) -> None:
         lock.acquire()
     elif not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
         raise TimeoutError("timed out waiting for another thread using this channel")
+
+
+# -- wake-up descriptors: eventfds a polling thread includes, rung from any thread ----
+
+
+def eventfd_new() -> int:
+    """A non-blocking eventfd for :func:`eventfd_ring` / :func:`eventfd_clear`; close it
+    with :func:`close_fds` from a ``weakref.finalize`` of its owner (a thread may still
+    poll it when the owner is closed).  Raises ``OSError`` (out of descriptors)."""
+    return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+
+def eventfd_ring(fd: int) -> None:
+    """Make ``fd`` readable (never raises: one closed meanwhile has nobody to wake)."""
+    with contextlib.suppress(OSError):
+        os.eventfd_write(fd, 1)
+
+
+def eventfd_clear(fd: int) -> None:
+    """Consume what rang ``fd`` (never raises, never waits)."""
+    with contextlib.suppress(OSError):
+        os.eventfd_read(fd)
+
+
+def close_fds(*fds: int) -> None:
+    """Close every one of ``fds``, ignoring those already closed."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class SyncWaker:
@@ -64,16 +103,15 @@ class SyncWaker:
         self._poller = 0  # the thread in poll() (while _polling)
         self._poll = select.poll()
         self._poll.register(core.transport.fileno(), select.POLLIN)
-        self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._kick = eventfd_new()
         self._poll.register(self._kick, select.POLLIN)
-        self._fin = weakref.finalize(self, os.close, self._kick)
+        self._fin = weakref.finalize(self, close_fds, self._kick)
         core.on_drain = self._drained
 
     def _drained(self) -> None:
         # (any thread; the poller's own drains need no kick)
         if self._polling and self._poller != threading.get_ident():
-            with contextlib.suppress(OSError):
-                os.eventfd_write(self._kick, 1)
+            eventfd_ring(self._kick)
 
     def wait(self, gen: int, until: float | None) -> None:
         """Until a wake-up after generation ``gen``, or ``until`` (then it returns
@@ -103,8 +141,7 @@ class SyncWaker:
                     if ready and not core.closed:
                         kick = self._kick
                         if kick >= 0 and (ready[-1][0] == kick or ready[0][0] == kick):
-                            with contextlib.suppress(OSError):
-                                os.eventfd_read(kick)
+                            eventfd_clear(kick)
                         core.drain()
                 finally:
                     lock.acquire()

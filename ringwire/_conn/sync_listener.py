@@ -7,7 +7,9 @@ socket and a wake-up descriptor of its own.  It accepts while it waits (the hand
 in the waiting thread, bounded by ``handshake_timeout``), and a connection whose peer
 died wakes it like a record does (the hang-up is readable on the descriptor it polls),
 so a dead peer is dropped, never waited on.  ``close()`` from another thread rings
-the wake-up descriptor.
+the wake-up descriptor.  What does not wait -- reading one connection, dropping a dead
+one, the counters, spinning and parking -- is :class:`~.listener.ListenerBase`'s,
+shared with the async listener; this module adds the receive turns and the poll.
 
 Threads: the fan-in reads a connection only while it holds that connection's receive
 turn (the lock a ``SyncChannel``'s receivers take, :func:`.sync_channel.receive_turn`),
@@ -18,7 +20,6 @@ handshake) at a time.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import math
@@ -33,9 +34,9 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
+from anyio import ClosedResourceError, WouldBlock
 
-from .._errors import DecodeError, RingwireError
+from .._errors import RingwireError
 from .._net.keys import ServerKeys
 from .._pool.segment import pid_alive, sweep
 from .._pool.slotconfig import DEFAULT_SLOTS, SlotConfig
@@ -46,8 +47,14 @@ from .endpoint import DEFAULT_SPIN_US, EMPTY, Endpoint
 from .listener import ListenerBase
 from .netconn import DEFAULT_HEARTBEAT
 from .options import DEFAULT_HANDSHAKE_TIMEOUT
-from .statistics import ListenerStatistics
-from .sync_channel import SyncChannel, receive_turn
+from .sync_channel import (
+    SyncChannel,
+    close_fds,
+    eventfd_clear,
+    eventfd_new,
+    eventfd_ring,
+    receive_turn,
+)
 
 __all__ = ["SyncListener", "listen_sync"]
 
@@ -75,7 +82,7 @@ def _sweep_when_dead_sync(pid: int, patience: float = 0.1) -> None:
     sweep()
 
 
-class SyncListener(ListenerBase):
+class SyncListener(ListenerBase[SyncChannel, _Held]):
     """The blocking :class:`Listener`, for threads and plain scripts::
 
         with ringwire.listen_sync(path) as listener:
@@ -91,57 +98,27 @@ class SyncListener(ListenerBase):
     the fan-in holds a connection's receive turn while it waits on it.  A connection
     that breaks (crash, bad frame, undecodable record) is closed, logged, counted and
     dropped from the fan-in; one that ends cleanly is dropped silently.  Closing the
-    listener closes every connection it accepted and removes the socket file.
+    listener closes every connection it accepted and removes the socket file.  The
+    keywords are :class:`Listener`'s; the address is bound at once.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        type: Any = Any,
-        spin_us: float = DEFAULT_SPIN_US,
-        max_capacity: int = MAX_CAPACITY,
-        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-        backlog: int = 128,
-        slots: SlotConfig | None = DEFAULT_SLOTS,
-        copy_out: bool = False,
-        heartbeat: float = DEFAULT_HEARTBEAT,
-        insecure: bool = False,
-        keys: ServerKeys | None = None,
-    ) -> None:
-        """The keywords are :class:`Listener`'s.  The address is bound at once:
-        ``OSError`` if it cannot be; ``ValueError`` / ``TypeError`` for bad values."""
-        super().__init__(
-            path,
-            type=type,
-            spin_us=spin_us,
-            max_capacity=max_capacity,
-            handshake_timeout=handshake_timeout,
-            backlog=backlog,
-            slots=slots,
-            copy_out=copy_out,
-            heartbeat=heartbeat,
-            insecure=insecure,
-            keys=keys,
-        )
-        self._spin_ns = int(max(0.0, float(self._spin_us)) * 1000)
+    def _open(self) -> None:
+        """The locks, the wake-up descriptors; the address bound (``OSError`` if it
+        cannot be)."""
         self._lock = threading.Lock()  # the lists and counters below
+        self._guard = self._lock  # (the base's fan-in bookkeeping takes it too)
         self._arrived = threading.Condition(self._lock)  # accept() waits on it
-        self._conns: list[_Held] = []  # in fan-in order
         self._new: deque[SyncChannel] = deque()  # accepted, not yet taken by accept()
         self._accepting = threading.Lock()  # one thread accepts (and handshakes) at a time
         self._reading = threading.Lock()  # one thread reads the fan-in at a time
-        self._rr = 0
-        self._closed = False
-        self._accepted = self._refused = self._broken = self._ended = 0
         self._sock: socket.socket | None = None
         # _kick: rung when a connection joins (from any thread), read by the fan-in
         # alone (one reader at a time); _closing: rung once by close() and never read,
         # so every poll after it returns at once.  Both live as long as the listener
         # (a thread may still be polling them when close() returns).
-        self._kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._closing = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._fin = weakref.finalize(self, _close_fds, self._kick, self._closing)
+        self._kick = eventfd_new()
+        self._closing = eventfd_new()
+        self._fin = weakref.finalize(self, close_fds, self._kick, self._closing)
         try:
             if self.tcp:
                 self._open_acceptor()
@@ -153,38 +130,13 @@ class SyncListener(ListenerBase):
             self._fin()
             raise
 
-    def __repr__(self) -> str:
-        return f"<SyncListener {self.path} {len(self._conns)} connections>"
-
-    @property
-    def connections(self) -> list[SyncChannel]:
-        """The open connections in the fan-in."""
-        with self._lock:
-            self._prune()
-            return [h.chan for h in self._conns]
-
-    def statistics(self) -> ListenerStatistics:
-        """A snapshot of the listener's counters (as :meth:`Listener.statistics`)."""
-        with self._lock:
-            self._prune()
-            return ListenerStatistics(
-                open_connections=len(self._conns),
-                accepted=self._accepted,
-                refused=self._refused,
-                broken=self._broken,
-                ended=self._ended,
-            )
-
-    def _prune(self) -> None:
-        # (under _lock) connections closed by their user or by the fan-in leave the
-        # fan-in here too, and the queue of those accept() has not handed out yet (a
-        # server that only reads the fan-in would otherwise keep every one it had)
-        closed = [h for h in self._conns if h.core.closed]
-        for held in closed:
-            self._conns.remove(held)
-            self._ended += 1
+    def _prune(self) -> list[_Held]:
+        # (under _lock) those closed leave the queue of those accept() has not handed
+        # out yet too (a server that only reads the fan-in would otherwise keep them)
+        closed = super()._prune()
         if self._new and (closed or len(self._new) > len(self._conns)):
             self._new = deque(c for c in self._new if not c.closed)
+        return closed
 
     # -- accepting ------------------------------------------------------------------------
 
@@ -202,17 +154,8 @@ class SyncListener(ListenerBase):
         if closed:
             chan.close()
             raise ClosedResourceError
-        self._ring(self._kick)  # a fan-in that polls reads the newcomer too
+        eventfd_ring(self._kick)  # a fan-in that polls reads the newcomer too
         return chan
-
-    def _ring(self, fd: int) -> None:
-        with contextlib.suppress(OSError):
-            os.eventfd_write(fd, 1)
-
-    def _refused_one(self, exc: BaseException) -> None:
-        with self._lock:
-            self._refused += getattr(exc, "count", 1)  # (one standing for a flood of them)
-        self._log_refusal(exc)
 
     def _accept_ready(self, *, for_accept: bool = False) -> bool:
         """Accept what is waiting at the socket now, without waiting for a client:
@@ -264,7 +207,7 @@ class SyncListener(ListenerBase):
         finally:
             self._accepting.release()
             if for_accept:
-                self._ring(self._kick)
+                eventfd_ring(self._kick)
 
     def _listen_fd(self) -> int:
         acceptor = self._acceptor
@@ -295,8 +238,7 @@ class SyncListener(ListenerBase):
         ms = -1 if not limits else max(0, math.ceil((min(limits) - time.monotonic()) * 1000))
         for fd, _ in poller.poll(ms):
             if fd == self._kick:
-                with contextlib.suppress(OSError):
-                    os.eventfd_read(self._kick)
+                eventfd_clear(self._kick)
 
     def accept(self, timeout: float | None = None) -> SyncChannel:
         """The next new connection (it also takes part in the fan-in :meth:`receive`),
@@ -329,48 +271,11 @@ class SyncListener(ListenerBase):
 
     # -- the fan-in -----------------------------------------------------------------------
 
-    def _drop(self, held: _Held, exc: BaseException | None) -> None:
-        """Out of the fan-in (the caller closes it once it gave its turn back)."""
-        with self._lock:
-            if held in self._conns:
-                self._conns.remove(held)
-            if exc is None:
-                self._ended += 1
-            else:
-                self._broken += 1
-        if exc is not None:
-            logger.warning(
-                "ringwire listener %s dropped the connection from pid %s: %s",
-                self.path,
-                held.core.peer_pid,
-                str(exc),
-            )
-            held.core.abort(f"{type(exc).__name__}: {exc}")  # the sender learns why
-
-    def _read(self, held: _Held, max_n: int) -> Any:
-        """As :meth:`Listener._read`, for a connection whose receive turn we hold (one
-        it drops is closed by :meth:`_give_back`)."""
-        core = held.core
-        try:
-            if core.closed:
-                self._drop(held, None)
-                return EMPTY
-            if max_n:
-                got = core.try_receive_many(core.dec, max_n) or EMPTY
-            else:
-                got = core.try_receive(core.dec)
-            if got is EMPTY:
-                core.check_finished()
-            return got
-        except EndOfStream:
-            self._drop(held, None)
-        except (BrokenResourceError, DecodeError) as exc:
-            self._drop(held, exc)
-        return EMPTY
-
     def _take_turns(self) -> list[_Held]:
         """The connections whose receive turn is free, taken (in fan-in order, from
-        the round-robin position); the caller gives them back with :meth:`_give_back`."""
+        the round-robin position); the caller gives them back with :meth:`_give_back`
+        (the base's :meth:`_read` reads one only while we hold its turn, and one it
+        drops is closed there)."""
         with self._lock:
             self._prune()
             conns = self._conns
@@ -428,28 +333,18 @@ class SyncListener(ListenerBase):
         turns = self._take_turns()
         try:
             cores = [h.core for h in turns if not h.core.closed]
-            if self._spin_ns and cores:
-                clock = time.perf_counter_ns
-                deadline = clock() + self._spin_ns
-                while clock() < deadline:
-                    if any(core.receive_ready() for core in cores):
-                        return
-            for core in cores:
-                core.park_rx()
+            if self._spin(cores):
+                return
             try:
-                if any(core.receive_ready() for core in cores):
+                if self._park(cores):
                     return
-                for core in cores:
-                    core.recv_parks += 1
                 fds = [core.transport.fileno() for core in cores]
                 self._poll_until(fds, until, fan_in=True)
                 for held in turns:
                     if not held.core.closed:
                         held.chan.poll_peer()  # consume its doorbells, notice its hang-up
             finally:
-                for core in cores:
-                    if not core.closed:
-                        core.unpark_rx()
+                self._unpark(cores)
         finally:
             self._give_back(turns)
 
@@ -526,7 +421,7 @@ class SyncListener(ListenerBase):
             conns, self._conns = self._conns, []
             self._new.clear()
             self._arrived.notify_all()
-        self._ring(self._closing)  # every thread that polls wakes up and sees the end
+        eventfd_ring(self._closing)  # every thread that polls wakes up and sees the end
         for held in conns:
             held.chan.close()
         if self._sock is not None:
@@ -550,12 +445,6 @@ class SyncListener(ListenerBase):
             f"unclosed ringwire SyncListener at {self.path}", ResourceWarning, stacklevel=1
         )
         self.close()
-
-
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 def listen_sync(

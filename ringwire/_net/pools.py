@@ -54,11 +54,11 @@ from .._errors import (
     SlotRefused,
     SlotsExhausted,
 )
-from .._pool.protocols import Placement
+from .._pool.protocols import Placement, RecvPoolBase
 from .._pool.slotconfig import POLICIES, SlotConfig, check_policy
 from .._pool.views import HELD
 from .._wire import ext as X
-from .._wire.codec import Decoder, Encoder, Placer
+from .._wire.codec import Encoder, Placer
 from .._wire.descriptors import KIND_NUMPY, KIND_TORCH, NetRef, decode_descriptor
 from .._wire.dtypes import (
     numpy_dtype_from_wire,
@@ -467,7 +467,7 @@ class NetSendPool:
             self.closed = True
 
 
-class NetRecvPool:
+class NetRecvPool(RecvPoolBase):
     """The receiver's side: the resolver, the finalizers, the release sink (a
     :class:`~ringwire._pool.protocols.RecvPool`)."""
 
@@ -551,22 +551,6 @@ class NetRecvPool:
         self.held.pop(tag, None)
         self.queue.push(tag, gen)
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "slot_arrays_received": self.received,
-            "slot_arrays_held": len(self.held),
-            "releases_pending": len(self.queue),
-            "cuda_tensors_received": self.cuda_received,
-            "cuda_pools_opened": self.cuda_opens,
-        }
-
-    def decode(self, dec: Decoder, view: Any) -> Any:
-        try:
-            return dec.decode(view)
-        except DecodeError:
-            self.salvage(view)
-            raise
-
     def salvage(self, payload: Any) -> int:
         """A record failed to decode: release its valid references that the decode did
         not resolve (those that were release themselves when their views die)."""
@@ -594,10 +578,6 @@ class NetRecvPool:
             return bool(self._t.send_control(body, wait=False))
         except Exception:
             return True  # closed: the sender reclaims when we disconnect
-
-    def flush(self) -> None:
-        if self.queue.pending:
-            self.queue.flush()
 
     def close(self, blocking: bool = True) -> int:
         self.queue.close(blocking)

@@ -22,6 +22,9 @@ and encodes with it; the placement calls :meth:`SendPool.place` for every array,
 returns the reference to write (or ``None``: inline) and appends what it took; the
 endpoint gives it all back with :meth:`SendPool.abort` if the record is not published,
 or keeps it (:data:`Placed`) for a receipt, which asks :meth:`SendPool.consumed`.
+
+What every :class:`RecvPool` does alike -- its counters and statistics, a decode that
+salvages a record that fails, flushing releases -- is :class:`RecvPoolBase`.
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
+from .._errors import DecodeError
 from .._wire.codec import Decoder
 from .._wire.release import ReleaseQueue
 from .cuda import CudaNeed
 from .slotconfig import SlotConfig
 
-__all__ = ["Placed", "Placement", "RecvPool", "SendPool"]
+__all__ = ["Placed", "Placement", "RecvPool", "RecvPoolBase", "SendPool"]
 
 Placed = list[tuple[int, int, bool]]
 """What one record took from a send pool: ``(slot or tag, generation, was a loan)`` of
@@ -177,3 +181,42 @@ class RecvPool(Protocol):
 
     def unmap(self) -> None:
         """After :meth:`close`: drop the pool's memory (live views keep theirs)."""
+
+
+class RecvPoolBase:
+    """What every receive pool does the same way (a subclass sets the fields and
+    implements :meth:`salvage`): :meth:`statistics` over its counters, :meth:`decode`
+    that salvages a record that fails, :meth:`flush`."""
+
+    queue: ReleaseQueue
+    held: dict[int, int]  # tag -> generation of every live view
+    received: int  # slot arrays received
+    cuda_received: int
+    cuda_opens: int
+
+    def salvage(self, payload: Any) -> int:
+        raise NotImplementedError
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "slot_arrays_received": self.received,
+            "slot_arrays_held": len(self.held),
+            "releases_pending": len(self.queue),
+            "cuda_tensors_received": self.cuda_received,
+            "cuda_pools_opened": self.cuda_opens,
+        }
+
+    def decode(self, dec: Decoder, view: Any) -> Any:
+        """Decode one record that may reference this pool (``dec`` resolves with the
+        pool's ``resolve``).  If it fails to decode, every reference in it that was not
+        resolved is released (:meth:`salvage`) before the :class:`DecodeError` goes on:
+        a bad record leaks no slot."""
+        try:
+            return dec.decode(view)
+        except DecodeError:
+            self.salvage(view)
+            raise
+
+    def flush(self) -> None:
+        if self.queue.pending:
+            self.queue.flush()

@@ -63,7 +63,23 @@ __all__ = [
 ]
 
 
-class NullWriter:
+class _NullLane:
+    """What both null lanes have: nothing to park on, close or release."""
+
+    def park(self) -> None:
+        pass
+
+    def unpark(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+class NullWriter(_NullLane):
     """A reader's sending lane: it carries nothing (every send is refused as if the
     peer had closed its end)."""
 
@@ -95,20 +111,8 @@ class NullWriter:
     def reader_wants_doorbell_for_close(self) -> bool:
         return False
 
-    def park(self) -> None:
-        pass
 
-    def unpark(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-
-class NullReader:
+class NullReader(_NullLane):
     """The broadcast writer's receiving lane: it carries nothing (the writer's
     transport is send-only; its receives would find no record, ever)."""
 
@@ -134,18 +138,6 @@ class NullReader:
 
     def writer_needs_doorbell(self) -> bool:
         return False
-
-    def park(self) -> None:
-        pass
-
-    def unpark(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
 
 
 @dataclass

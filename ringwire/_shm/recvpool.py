@@ -81,10 +81,10 @@ from .._pool.cuda import (
     local_device_of,
     sweep,
 )
+from .._pool.protocols import RecvPoolBase
 from .._pool.segment import Segment
 from .._pool.views import HELD
 from .._wire import ext as X
-from .._wire.codec import Decoder
 from .._wire.descriptors import KIND_NUMPY, CudaRef, SlotRef, decode_descriptor
 from .._wire.dtypes import (
     numpy_dtype_from_wire,
@@ -106,7 +106,7 @@ __all__ = [
 # -- the consumer's side -----------------------------------------------------------------
 
 
-class ShmRecvPool:
+class ShmRecvPool(RecvPoolBase):
     """The consumer's view of the peer's pool: resolver, finalizers, release sink (a
     :class:`~ringwire._pool.protocols.RecvPool`)."""
 
@@ -293,26 +293,6 @@ class ShmRecvPool:
             self.held.pop(slot, None)
         self.queue.push(slot, gen)
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "slot_arrays_received": self.received,
-            "slot_arrays_held": len(self.held),
-            "releases_pending": len(self.queue),
-            "cuda_tensors_received": self.cuda_received,
-            "cuda_pools_opened": self.cuda_opens,
-        }
-
-    def decode(self, dec: Decoder, view: Any) -> Any:
-        """Decode one record that may reference this pool (``dec`` resolves with
-        :meth:`resolve`).  If it fails to decode, every reference in it that was not
-        resolved is released (:meth:`salvage`) before the :class:`DecodeError` goes on:
-        a bad record leaks no slot."""
-        try:
-            return dec.decode(view)
-        except DecodeError:
-            self.salvage(view)
-            raise
-
     def salvage(self, payload: Any) -> int:
         """A record failed to decode: release the valid references in it that the
         decode did not resolve (those that were resolved release themselves: their
@@ -386,10 +366,6 @@ class ShmRecvPool:
             # a corrupt lane (a broken or hostile producer) or a closed one: these
             # releases cannot be delivered; the producer reclaims when we disconnect
             return True
-
-    def flush(self) -> None:
-        if self.queue.pending:
-            self.queue.flush()
 
     def close(self, blocking: bool = True) -> int:
         """Stop releasing (the producer reclaims everything when we disconnect); return
