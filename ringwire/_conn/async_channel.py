@@ -306,10 +306,12 @@ class AsyncSending:
         When no slot is free the policy applies (``"inline"`` returns an ordinary
         private array instead).
 
-        Raises :class:`SlotsExhausted` (policy ``"error"``, a timeout, or a pool that
-        can never free a slot), ``ValueError``/``TypeError`` for a bad shape, dtype or
-        device, :class:`RingwireError` on a channel without a slot pool, and what
-        :meth:`send` raises for a closed or broken connection."""
+        Raises :class:`SlotsExhausted` (policy ``"error"``, or a pool that can never
+        free a slot), :class:`SlotWaitTimeout` (a wait past the pool's
+        ``wait_timeout``), ``ValueError``/``TypeError`` for a bad shape or device,
+        :class:`EncodeError` for a dtype the wire cannot carry (an object dtype),
+        :class:`RingwireError` on a channel without a slot pool, and what :meth:`send`
+        raises for a closed or broken connection."""
         core = self._core
         pool = core.require_pool()
         spec = loan_spec(shape, dtype, device)

@@ -297,9 +297,11 @@ class Endpoint:
         except ProtocolError as exc:
             self.break_(exc)
         self.wake_gen += 1
-        if self.slots_on:
-            self.slot_safe_point()
-        self.on_drain()
+        try:
+            if self.slots_on:
+                self.slot_safe_point()
+        finally:
+            self.on_drain()  # the generation moved: wake the driver's waiters, always
 
     # A sender that never waits learns of the peer's death from a failed doorbell (the
     # peer died parked) or when the ring is full and it parks -- which, for a slow

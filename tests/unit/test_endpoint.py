@@ -291,3 +291,23 @@ def test_send_nowait_reports_a_full_lane_without_sending() -> None:
     while a.send_nowait(b"y" * 300, None):
         pass
     assert a.statistics().records_sent == 3
+
+
+def test_a_drain_wakes_the_drivers_waiters_even_if_its_safe_point_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the wake generation moves before the safe point; the driver's waiters sleep on it,
+    # so on_drain must run whatever the safe point does (else a waiter sleeps on a
+    # generation that already moved)
+    a, _ = endpoints()
+    woken = []
+    a.on_drain = lambda: woken.append(a.wake_gen)
+    a.slots_on = True
+
+    def boom() -> None:
+        raise RuntimeError("safe point failed")
+
+    monkeypatch.setattr(a, "slot_safe_point", boom)
+    with pytest.raises(RuntimeError, match="safe point failed"):
+        a.drain()
+    assert woken == [a.wake_gen]
