@@ -26,6 +26,7 @@ import anyio
 import anyio.abc
 import numpy as np
 import pytest
+from support.shmns import private_tmpfs_refused
 
 import ringwire
 from chaos.harness import (
@@ -482,23 +483,6 @@ SHM_FULL_SCRIPT = textwrap.dedent(
 )
 
 
-def _can_mount_private_tmpfs() -> str | None:
-    if not sys.platform.startswith("linux") or not shutil_which("unshare"):
-        return "needs Linux and unshare(1)"
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-        capture_output=True,
-        text=True,
-    )
-    if probe.returncode != 0:
-        return f"cannot mount a private tmpfs over /dev/shm here: {probe.stderr.strip()}"
-    return None
-
-
-def shutil_which(cmd: str) -> str | None:
-    import shutil
-
-    return shutil.which(cmd)
 
 
 def test_dev_shm_full_clear_errors_no_sigbus_and_recovery(tmp_path: Path) -> None:
@@ -507,7 +491,7 @@ def test_dev_shm_full_clear_errors_no_sigbus_and_recovery(tmp_path: Path) -> Non
     SharedMemoryFull naming /dev/shm and leave no name behind, slots=None is the inline
     fallback when rings fit but a pool does not, a listener refuses with the reason,
     and everything works again once space returns."""
-    why = _can_mount_private_tmpfs()
+    why = private_tmpfs_refused()
     if why:
         pytest.skip(why)
     script = tmp_path / "shm_full.py"

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import posix_ipc
 import pytest
+from support.shmns import private_tmpfs_refused
 
 import ringwire
 from ringwire import _cli
@@ -267,25 +268,11 @@ def test_doctor_json_reports_every_check() -> None:
     assert cli("doctor", "--need", "warp-drive").returncode == 2
 
 
-def _can_mount_private_tmpfs() -> str | None:
-    import shutil
-
-    if not sys.platform.startswith("linux") or not shutil.which("unshare"):
-        return "needs Linux and unshare(1)"
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-        capture_output=True,
-        text=True,
-    )
-    if probe.returncode != 0:
-        return f"cannot mount a private tmpfs over /dev/shm here: {probe.stderr.strip()}"
-    return None
-
 
 def test_doctor_in_a_64_mib_dev_shm_says_so_and_exits_1() -> None:
     """The issue's container case, for real: a private mount namespace whose /dev/shm is
     a 64 MiB tmpfs (Docker's default).  A default connection does not fit."""
-    why = _can_mount_private_tmpfs()
+    why = private_tmpfs_refused()
     if why:
         pytest.skip(why)
 
