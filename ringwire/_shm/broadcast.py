@@ -145,9 +145,14 @@ class _Conn:
 
 
 def _passable(size: int) -> tuple[Segment, int]:
-    """A new segment of ``size`` bytes whose name is already gone, and a descriptor of
-    it to hand to readers (the mapping and the descriptor keep the memory)."""
+    """A new segment of ``size`` bytes without a name (a memory file, or a named
+    segment whose name is already gone), and a descriptor of it to hand to readers
+    (the mapping and the descriptor keep the memory)."""
     seg = Segment.create(size)
+    if seg.kind == "memfd":
+        fd = seg.fd
+        seg.fd = -1  # the hub's now
+        return seg, fd
     try:
         shm = posix_ipc.SharedMemory(seg.name)
         try:

@@ -23,10 +23,8 @@ decoding, slot views and their finalizers, ``EndOfStream`` after a clean close a
 
 from __future__ import annotations
 
-import mmap
 import os
 import socket
-import stat
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,10 +45,17 @@ from .._wire.broadcast_control import (
 from .._wire.broadcast_ring import BroadcastReader, read_broadcast_header
 from .._wire.codec import Encoder
 from .._wire.control import ControlReader, SegmentSpec
+from .._wire.names import is_memfd_label
 from .._wire.ring import check_ring
 from .._wire.slotlayout import PoolLayout, read_pool
 from .recvpool import ShmRecvPool
-from .sockets import ControlSocketEnd, Step, drive_handshake_async, drive_handshake_sync
+from .sockets import (
+    ControlSocketEnd,
+    Step,
+    drive_handshake_async,
+    drive_handshake_sync,
+    recv_with_fds,
+)
 
 __all__ = [
     "JoinResult",
@@ -149,14 +154,8 @@ class JoinResult:
 
 
 def _attach_fd(fd: int, spec: SegmentSpec) -> Segment:
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid():
-        raise SegmentError(f"segment {spec.name} belongs to uid {st.st_uid}, not to us")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise SegmentError(f"segment {spec.name} is accessible to others")
-    if st.st_size != spec.size:
-        raise SegmentError(f"segment {spec.name} has {st.st_size} bytes, not {spec.size}")
-    return Segment(spec.name, spec.size, mmap.mmap(fd, spec.size), created=False)
+    kind = "memfd" if is_memfd_label(spec.name) else "named"
+    return Segment.from_fd(fd, spec.name, spec.size, kind)
 
 
 JoinGen = Generator[Step, tuple[bytes, list[int]], JoinResult]
@@ -219,12 +218,7 @@ def join_handshake(rank: int | None) -> JoinGen:
 
 
 def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
-    data, fds, flags, _ = socket.recv_fds(sock, 65536, 4)
-    if flags & getattr(socket, "MSG_CTRUNC", 0):
-        for fd in fds:
-            os.close(fd)
-        raise HandshakeError("descriptors from the writer were cut off")
-    return data, list(fds)
+    return recv_with_fds(sock, 4)
 
 
 _JOIN_CLOSED = "the writer closed the connection during the join"

@@ -23,6 +23,7 @@ from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
 from .._pool.segment import Segment, unlink_segment
 from .._pool.slotconfig import SlotConfig, attach_pool, create_pool
 from .._wire.control import (
+    MAX_SEGMENTS,
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     Handshake,
@@ -34,11 +35,12 @@ from .._wire.control import (
     Welcome,
     choose_version,
     validate_hello,
+    validate_segments,
 )
 from .._wire.names import name_pid
 from .._wire.ring import check_ring, init_ring, ring_size
 from .._wire.slotlayout import PoolLayout
-from .sockets import Step, drive_handshake_async, drive_handshake_sync
+from .sockets import Step, drive_handshake_async, drive_handshake_sync, recv_with_fds
 from .transport import ShmTransport
 
 __all__ = [
@@ -66,30 +68,51 @@ class HandshakeResult:
     peer_pool: tuple[Segment, PoolLayout] | None
 
 
-HandshakeGen = Generator[Step, bytes | None, HandshakeResult]
+Received = tuple[bytes, list[int]]
+HandshakeGen = Generator[Step, Received, HandshakeResult]
 
 
-def _recv_message(hs: Handshake) -> Generator[Step, bytes | None, Any]:
+def _recv_message(hs: Handshake, fds: list[int]) -> Generator[Step, Received, Any]:
+    """The next handshake message; the descriptors that came with its bytes are added
+    to ``fds`` (the caller closes them, whatever happens)."""
     while True:
         msg = hs.next_message()
         if msg is not None:
             return msg
-        data = yield ("recv", None)
-        hs.receive_data(data or b"")
+        data, got = yield ("recv", None)
+        fds.extend(got)
+        hs.receive_data(data)
 
 
-def _attach_peer_pool(specs: Sequence[SegmentSpec]) -> tuple[Segment, PoolLayout] | None:
+def _spec(seg: Segment, role: str, fds: list[int]) -> SegmentSpec:
+    """How ``seg`` is announced: by name, or as the next of the descriptors ``fds``
+    sent with the message."""
+    if seg.kind == "memfd":
+        fds.append(seg.fd)
+        return SegmentSpec(seg.name, seg.size, role, fd=len(fds) - 1)
+    return SegmentSpec(seg.name, seg.size, role)
+
+
+def _attach(spec: SegmentSpec, fds: Sequence[int]) -> Segment:
+    """Map the segment ``spec`` announces (checked by :func:`validate_segments`)."""
+    if spec.fd == -1:
+        return Segment.attach(spec.name, spec.size)
+    return Segment.from_fd(fds[spec.fd], spec.name, spec.size, "memfd")
+
+
+def _attach_peer_pool(
+    specs: Sequence[SegmentSpec], fds: Sequence[int]
+) -> tuple[Segment, PoolLayout] | None:
     """Attach and check the peer's send pool (the one segment of role "slots")."""
+    validate_segments(specs, len(fds), "the listener")
     pools = [spec for spec in specs if spec.role == "slots"]
     if not pools:
         return None
     if len(pools) > 1:
         raise HandshakeError("the peer announced more than one slot pool")
     spec = pools[0]
-    if not 0 < spec.size <= 1 << 40:
-        raise HandshakeError(f"bad slot pool size {spec.size!r}")
     try:
-        seg = Segment.attach(spec.name, spec.size)
+        seg = _attach(spec, fds)
     except SegmentError as exc:
         raise HandshakeError(f"cannot attach the peer's slot pool: {exc}") from None
     try:
@@ -120,15 +143,17 @@ def client_handshake(
     seg = Segment.create(2 * lane, keep_going)
     own: tuple[Segment, PoolLayout, SlotConfig] | None = None
     peer: tuple[Segment, PoolLayout] | None = None
+    got: list[int] = []  # descriptors received: ours to close
     try:
         init_ring(seg.buf, 0, capacity)
         init_ring(seg.buf, lane, capacity)
-        specs = [SegmentSpec(seg.name, seg.size, "rings")]
+        out: list[int] = []
+        specs = [_spec(seg, "rings", out)]
         if slots is not None:
             keep_going()
             pseg, layout = create_pool(slots, keep_going)
             own = (pseg, layout, slots)
-            specs.append(SegmentSpec(pseg.name, pseg.size, "slots"))
+            specs.append(_spec(pseg, "slots", out))
             keep_going()
         hs = Handshake("client")
         hello = Hello(
@@ -138,15 +163,18 @@ def client_handshake(
             c2s=RingSpec(0, 0, capacity),
             s2c=RingSpec(0, lane, capacity),
         )
-        yield ("send", hs.send(hello))
-        welcome = yield from _recv_message(hs)
+        yield ("send", (hs.send(hello), out))
+        seg.close_fd()  # the descriptors are on their way: the mappings keep the memory
+        if own is not None:
+            own[0].close_fd()
+        welcome = yield from _recv_message(hs, got)
         assert isinstance(welcome, Welcome)
         if welcome.version not in SUPPORTED_VERSIONS:
             raise HandshakeError(f"the listener chose unsupported version {welcome.version}")
         seg.unlink()  # the server has attached: the names can go
         if own is not None:
             own[0].unlink()
-        peer = _attach_peer_pool(welcome.segments)  # other roles: not ours to use
+        peer = _attach_peer_pool(welcome.segments, got)  # other roles: not ours to use
         if peer is not None:  # attached: its name can go now (the server may die before Ready)
             unlink_segment(peer[0].name)
         yield ("send", hs.send(Ready()))
@@ -160,6 +188,9 @@ def client_handshake(
         if peer is not None:
             peer[0].close()  # the server unlinks its own names
         raise
+    finally:
+        for fd in got:
+            os.close(fd)
 
 
 def server_handshake(
@@ -171,12 +202,19 @@ def server_handshake(
     a client cannot point the server at another process's segments (whose names are
     visible in ``/dev/shm`` while that process's handshake is in flight)."""
     hs = Handshake("server")
+    got: list[int] = []  # descriptors received: ours to close, whatever happens
     try:
-        hello = yield from _recv_message(hs)
+        hello = yield from _recv_message(hs, got)
     except HandshakeError as exc:
+        for fd in got:
+            os.close(fd)
         # a client that died before its Hello may leave a segment nobody can name;
         # the listener sweeps once that pid is gone
         exc.before_hello = True  # type: ignore[attr-defined]
+        raise
+    except BaseException:
+        for fd in got:
+            os.close(fd)
         raise
     assert isinstance(hello, Hello)
     attached: list[Segment] = []
@@ -186,10 +224,10 @@ def server_handshake(
     try:
         try:
             version = choose_version(hello.versions)
-            validate_hello(hello, max_capacity=max_capacity)
-            if own_names:
+            validate_hello(hello, max_capacity=max_capacity, nfds=len(got))
+            if own_names:  # (a memory file came from the client itself)
                 for spec in hello.segments:
-                    if name_pid(spec.name) != cred_pid:
+                    if spec.fd == -1 and name_pid(spec.name) != cred_pid:
                         raise HandshakeError(
                             f"segment {spec.name} was not made by the connecting process "
                             f"(pid {cred_pid})"
@@ -200,7 +238,10 @@ def server_handshake(
             if pools and pools[0] in (hello.c2s.segment, hello.s2c.segment):
                 raise HandshakeError("a ring lies in the slot pool segment")
             for spec in hello.segments:
-                attached.append(Segment.attach(spec.name, spec.size))
+                attached.append(_attach(spec, got))
+            for fd in got:  # mapped: the mappings keep the memory
+                os.close(fd)
+            got.clear()
             for ring in (hello.c2s, hello.s2c):
                 check_ring(attached[ring.segment].buf, ring.offset, ring.capacity)
             if pools:
@@ -214,9 +255,15 @@ def server_handshake(
         except (HandshakeError, SegmentError, RingCorrupted) as exc:
             yield ("send_best_effort", hs.send(Refused(str(exc))))
             raise HandshakeError(f"client pid {hello.pid}: {exc}") from None
-        specs = [] if own is None else [SegmentSpec(own[0].name, own[0].size, "slots")]
-        yield ("send", hs.send(Welcome(version=version, pid=os.getpid(), segments=specs)))
-        yield from _recv_message(hs)  # Ready: the client attached our pool
+        out: list[int] = []
+        specs = [] if own is None else [_spec(own[0], "slots", out)]
+        welcome = Welcome(version=version, pid=os.getpid(), segments=specs)
+        yield ("send", (hs.send(welcome), out))
+        if own is not None:
+            own[0].close_fd()
+        yield from _recv_message(hs, got)  # Ready: the client attached our pool
+        if got:
+            raise HandshakeError(f"client pid {hello.pid} passed descriptors with Ready")
         if own is not None:
             own[0].unlink()
         ok = True
@@ -231,6 +278,8 @@ def server_handshake(
             peer,
         )
     finally:
+        for fd in got:
+            os.close(fd)
         if not ok:
             for seg in attached:
                 seg.close()
@@ -240,7 +289,7 @@ def server_handshake(
             # a client that died mid-handshake cannot unlink its names any more
             for spec in hello.segments:
                 try:
-                    if name_pid(spec.name) in (hello.pid, cred_pid):
+                    if spec.fd == -1 and name_pid(spec.name) in (hello.pid, cred_pid):
                         unlink_segment(spec.name)
                 except ValueError:
                     pass
@@ -255,15 +304,18 @@ def _finish(r: HandshakeResult, sock: socket.socket) -> ShmTransport:
 _CLOSED = "the peer closed the connection during the handshake"
 
 
-def _recv(sock: socket.socket) -> bytes:
-    return sock.recv(65536)
+def _recv(sock: socket.socket) -> Received:
+    return recv_with_fds(sock, MAX_SEGMENTS)
+
+
+_EOF: Received = (b"", [])  # (read only: the handshake only extends from it)
 
 
 async def drive_async(gen: HandshakeGen, sock: socket.socket) -> ShmTransport:
     """Perform handshake ``gen`` on non-blocking ``sock`` (bounded by the caller's cancel
     scope) and make the transport.  Raises :class:`~ringwire.HandshakeError` and
     whatever ``gen`` raises."""
-    result = await drive_handshake_async(gen, sock, recv=_recv, eof=b"", closed=_CLOSED)
+    result = await drive_handshake_async(gen, sock, recv=_recv, eof=_EOF, closed=_CLOSED)
     return _finish(result, sock)
 
 
@@ -276,7 +328,7 @@ def drive_sync(gen: HandshakeGen, sock: socket.socket, deadline: float) -> ShmTr
         sock,
         deadline,
         recv=_recv,
-        eof=b"",
+        eof=_EOF,
         closed=_CLOSED,
         timed_out="the ringwire handshake timed out",
     )

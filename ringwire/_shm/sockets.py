@@ -40,6 +40,7 @@ __all__ = [
     "hung_up",
     "peer_credentials",
     "poll_fd",
+    "recv_with_fds",
 ]
 
 _HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
@@ -188,12 +189,28 @@ def bind_unix_socket(path: str, backlog: int = 128) -> socket.socket:
 
 # -- driving a handshake ------------------------------------------------------------------
 
-Step = tuple[str, bytes | None]
-"""What a handshake generator asks of its driver: ``("send", bytes)`` (if the peer is
-gone, :class:`~ringwire.HandshakeError`), ``("send_best_effort", bytes)`` (a refusal:
-a failure is ignored) or ``("recv", None)``.  A receive is answered with what the
-receive callable returned (``eof`` at end of file or on a reset connection), a send
-with ``eof``."""
+Step = tuple[str, "bytes | tuple[bytes, list[int]] | None"]
+"""What a handshake generator asks of its driver: ``("send", bytes)`` or ``("send",
+(bytes, descriptors))`` (the descriptors travel with the first byte, ``SCM_RIGHTS``; if
+the peer is gone, :class:`~ringwire.HandshakeError`), ``("send_best_effort", bytes)``
+(a refusal: a failure is ignored) or ``("recv", None)``.  A receive is answered with
+what the receive callable returned (``eof`` at end of file or on a reset connection),
+a send with ``eof``."""
+
+
+def recv_with_fds(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
+    """Receive bytes and the descriptors that came with them (at most ``maxfds``; the
+    caller owns and closes them).  Raises :class:`~ringwire.HandshakeError` when the
+    peer sent more (the kernel cut them off and closed the rest; the ones that did
+    arrive are closed here)."""
+    data, fds, flags, _ = socket.recv_fds(sock, 65536, maxfds)
+    if flags & getattr(socket, "MSG_CTRUNC", 0):
+        for fd in fds:
+            os.close(fd)
+        raise HandshakeError(
+            f"the peer passed more descriptors than a handshake message carries ({maxfds})"
+        )
+    return data, list(fds)
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -235,11 +252,19 @@ def _perform(
                         break
             else:
                 assert data is not None
+                fds: list[int] = []
+                if isinstance(data, tuple):
+                    data, fds = data
                 view = memoryview(data)
                 try:
                     while view:
                         try:
-                            view = view[sock.send(view) :]
+                            if fds:  # with the first byte that goes
+                                sent = socket.send_fds(sock, [view], fds)
+                                fds = []
+                            else:
+                                sent = sock.send(view)
+                            view = view[sent:]
                         except (BlockingIOError, InterruptedError):
                             yield select.POLLOUT
                 except OSError:

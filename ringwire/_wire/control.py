@@ -43,7 +43,7 @@ from typing import Literal, Union
 import msgspec
 
 from .._errors import HandshakeError, ProtocolError
-from .names import is_segment_name
+from .names import is_memfd_label, is_segment_name
 from .ring import HEADER_SIZE, MAX_CAPACITY, validate_capacity
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "decode_message",
     "encode_message",
     "validate_hello",
+    "validate_segments",
 ]
 
 PROTOCOL_VERSION = 1
@@ -91,11 +92,15 @@ _LEN = struct.Struct(">I")
 
 
 class SegmentSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    """A shared-memory segment one side created: its name, size and purpose."""
+    """A shared-memory segment one side created: its name, size and purpose, and how
+    it travels: ``fd`` is the index of its descriptor among those passed with this
+    message (``SCM_RIGHTS``; a memory file, whose ``name`` is only a label
+    ``memfd:rw.<pid>.<hex>``), or -1 for a named segment the peer opens by ``name``."""
 
     name: str
     size: int
     role: str = "rings"
+    fd: int = -1
 
 
 class RingSpec(msgspec.Struct, frozen=True):
@@ -173,17 +178,49 @@ def choose_version(
     return max(common)
 
 
-def validate_hello(hello: Hello, *, max_capacity: int = MAX_CAPACITY) -> None:
-    """Check everything a server must check before attaching the client's segments."""
-    if hello.magic != MAGIC:
-        raise HandshakeError(f"not a ringwire client (magic {hello.magic!r})")
-    if not hello.segments or len(hello.segments) > 16:
-        raise HandshakeError("a hello must announce between 1 and 16 segments")
-    for seg in hello.segments:
-        if not is_segment_name(seg.name):
-            raise HandshakeError(f"bad segment name {seg.name!r:.100}")  # fits a Refused
+MAX_SEGMENTS = 16  # segments (and so descriptors) one handshake message may carry
+
+
+def validate_segments(specs: Sequence[SegmentSpec], nfds: int, who: str) -> None:
+    """Check the segments a message announces against the ``nfds`` descriptors that
+    came with it: a named segment has a ringwire name; a memory file has a label and
+    the index of its own descriptor; every descriptor belongs to exactly one segment.
+    Raises :class:`HandshakeError` naming ``who`` sent what."""
+    if len(specs) > MAX_SEGMENTS:
+        raise HandshakeError(
+            f"{who} announced {len(specs)} segments: a message carries between 1 and "
+            f"{MAX_SEGMENTS} segments"
+        )
+    used: set[int] = set()
+    for seg in specs:
+        if seg.fd == -1:
+            if not is_segment_name(seg.name):
+                raise HandshakeError(f"bad segment name {seg.name!r:.100}")  # fits a Refused
+        else:
+            if not is_memfd_label(seg.name):
+                raise HandshakeError(f"bad memory-file label {seg.name!r:.100}")
+            if not isinstance(seg.fd, int) or not 0 <= seg.fd < nfds or seg.fd in used:
+                raise HandshakeError(
+                    f"{who} announced segment {seg.name} as descriptor {seg.fd!r:.20}, "
+                    f"but passed {nfds} descriptor(s) (or that one twice)"
+                )
+            used.add(seg.fd)
         if not 0 < seg.size <= 1 << 40:
             raise HandshakeError(f"bad segment size {seg.size!r}")
+    if len(used) != nfds:
+        raise HandshakeError(
+            f"{who} passed {nfds} descriptor(s) for {len(used)} memory file(s)"
+        )
+
+
+def validate_hello(hello: Hello, *, max_capacity: int = MAX_CAPACITY, nfds: int = 0) -> None:
+    """Check everything a server must check before attaching the client's segments
+    (``nfds``: how many descriptors came with the hello)."""
+    if hello.magic != MAGIC:
+        raise HandshakeError(f"not a ringwire client (magic {hello.magic!r})")
+    if not hello.segments:
+        raise HandshakeError("a hello must announce between 1 and 16 segments")
+    validate_segments(hello.segments, nfds, "the client")
     regions = []
     for label, ring in (("c2s", hello.c2s), ("s2c", hello.s2c)):
         if not 0 <= ring.segment < len(hello.segments):

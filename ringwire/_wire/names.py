@@ -12,7 +12,7 @@ import os
 import re
 import secrets
 
-__all__ = ["is_segment_name", "name_pid", "new_segment_name"]
+__all__ = ["is_memfd_label", "is_segment_name", "name_pid", "new_segment_name"]
 
 _NAME_RE = re.compile(r"^/rw\.([1-9][0-9]{0,9})\.[0-9a-f]{12}$")
 
@@ -27,9 +27,19 @@ def is_segment_name(name: str) -> bool:
     return isinstance(name, str) and _NAME_RE.match(name) is not None
 
 
+_LABEL_RE = re.compile(r"^memfd:rw\.([1-9][0-9]{0,9})\.[0-9a-f]{12}$")
+
+
+def is_memfd_label(name: str) -> bool:
+    """Is ``name`` a memory file's label (``memfd:rw.<pid>.<12 hex>``)?  It names
+    nothing: a memory file travels as a descriptor, and the label only shows up in
+    ``/proc/<pid>/maps`` (``/memfd:rw.… (deleted)``) for ``python -m ringwire inspect``."""
+    return isinstance(name, str) and _LABEL_RE.match(name) is not None
+
+
 def name_pid(name: str) -> int:
-    """The creator pid embedded in a segment name."""
-    m = _NAME_RE.match(name)
+    """The creator pid embedded in a segment name or a memory file's label."""
+    m = _NAME_RE.match(name) or _LABEL_RE.match(name)
     if m is None:
         raise ValueError(f"not a ringwire segment name: {name!r}")
     return int(m.group(1))

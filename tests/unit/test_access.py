@@ -61,26 +61,52 @@ def umask(mask: int) -> Iterator[None]:
 # ---------------------------------------------------------------------- file modes
 
 
+@pytest.mark.parametrize("kind", ["named", "memfd"])
 @pytest.mark.parametrize("mask", [0o000, 0o022, 0o077])
-def test_segments_are_0600_whatever_the_umask(mask: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_segments_are_0600_whatever_the_umask(
+    mask: int, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every segment a connection creates -- both ring segments' and both slot pools'
-    -- is 0600 and ours, from the moment it exists."""
+    -- is 0600 and ours: a named one from the moment it exists, a memory file (which
+    nobody can open by name) before it is sealed and passed to the peer."""
     created: list[tuple[str, int, int]] = []
-    real = posix_ipc.SharedMemory
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", kind)
+    if kind == "named":
+        real = posix_ipc.SharedMemory
 
-    def spy(name: str, flags: int = 0, *args: Any, **kw: Any) -> Any:
-        shm = real(name, flags, *args, **kw)
-        if flags & posix_ipc.O_CREAT:
-            st = os.fstat(shm.fd)
-            created.append((name, stat.S_IMODE(st.st_mode), st.st_uid))
-        return shm
+        def spy(name: str, flags: int = 0, *args: Any, **kw: Any) -> Any:
+            shm = real(name, flags, *args, **kw)
+            if flags & posix_ipc.O_CREAT:
+                st = os.fstat(shm.fd)
+                created.append((name, stat.S_IMODE(st.st_mode), st.st_uid))
+            return shm
 
-    monkeypatch.setattr("ringwire._pool.segment.posix_ipc.SharedMemory", spy)
+        monkeypatch.setattr("ringwire._pool.segment.posix_ipc.SharedMemory", spy)
+    else:
+        import fcntl
+
+        from ringwire._pool import segment as segment_module
+
+        real_fcntl = fcntl.fcntl
+
+        def spy_seal(fd: int, cmd: int, arg: int = 0) -> Any:
+            if cmd == fcntl.F_ADD_SEALS and "rw.probe" not in os.readlink(f"/proc/self/fd/{fd}"):
+                st = os.fstat(fd)
+                created.append(
+                    (os.readlink(f"/proc/self/fd/{fd}"), stat.S_IMODE(st.st_mode), st.st_uid)
+                )
+            return real_fcntl(fd, cmd, arg)
+
+        monkeypatch.setattr(segment_module.fcntl, "fcntl", spy_seal)
     with umask(mask):
         seg = Segment.create(4096)
         pseg, _ = create_pool(POOL)
         for s in (seg, pseg):
-            assert mode_of(SHM_DIR + s.name) == 0o600
+            assert s.kind == kind
+            if kind == "named":
+                assert mode_of(SHM_DIR + s.name) == 0o600
+            else:
+                assert stat.S_IMODE(os.fstat(s.fd).st_mode) == 0o600
             s.unlink()
             s.close()
         a, b = pair()
@@ -117,7 +143,14 @@ def test_listener_sockets_are_0600_whatever_the_umask(mask: int, tmp_path: pathl
 
 
 def test_attach_refuses_a_segment_others_can_open() -> None:
-    seg = Segment.create(4096)
+    seg = Segment.create(4096, kind="memfd")
+    try:
+        os.fchmod(seg.fd, 0o640)
+        with pytest.raises(SegmentError, match="accessible to others"):
+            Segment.from_fd(seg.fd, seg.name, seg.size, "memfd")
+    finally:
+        seg.close()
+    seg = Segment.create(4096, kind="named")
     try:
         for mode in (0o640, 0o604, 0o666, 0o660):
             os.chmod(SHM_DIR + seg.name, mode)
@@ -132,7 +165,14 @@ def test_attach_refuses_a_segment_others_can_open() -> None:
 
 @root_only
 def test_attach_refuses_a_segment_of_another_uid() -> None:
-    seg = Segment.create(4096)
+    seg = Segment.create(4096, kind="memfd")
+    try:
+        os.fchown(seg.fd, NOBODY, NOBODY)
+        with pytest.raises(SegmentError, match=f"belongs to uid {NOBODY}"):
+            Segment.from_fd(seg.fd, seg.name, seg.size, "memfd")
+    finally:
+        seg.close()
+    seg = Segment.create(4096, kind="named")
     try:
         os.chown(SHM_DIR + seg.name, NOBODY, NOBODY)
         with pytest.raises(SegmentError, match=f"belongs to uid {NOBODY}"):

@@ -793,7 +793,11 @@ async def test_connect_with_full_dev_shm(tmp_path, monkeypatch):
 
         with monkeypatch.context() as m:
             m.setattr(os, "posix_fallocate", full)
-            with pytest.raises(SharedMemoryFull, match="/dev/shm"):
+            m.setenv("RINGWIRE_SEGMENTS", "named")
+            with pytest.raises(SharedMemoryFull, match="/dev/shm is full"):
+                await connect(path)
+            m.setenv("RINGWIRE_SEGMENTS", "auto")
+            with pytest.raises(SharedMemoryFull, match="/dev/shm is full|memory files are"):
                 await connect(path)
         async with await connect(path) as c:
             await c.send(1)

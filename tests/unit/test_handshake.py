@@ -7,9 +7,11 @@ import os
 from chaos.workers import CHAOS_SLOTS
 
 
-def test_client_unlinks_the_servers_pool_name_once_attached() -> None:
+def test_client_unlinks_the_servers_pool_name_once_attached(monkeypatch) -> None:
     """A server killed after its Welcome but before it read Ready cannot unlink its pool
-    name: the client removes it as soon as it has attached the pool."""
+    name: the client removes it as soon as it has attached the pool (named segments;
+    a memory file has no name to leave)."""
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "named")
     from ringwire._pool.slotconfig import create_pool
     from ringwire._shm.handshake import client_handshake
     from ringwire._wire.control import PROTOCOL_VERSION, SegmentSpec, Welcome, encode_message
@@ -24,7 +26,7 @@ def test_client_unlinks_the_servers_pool_name_once_attached() -> None:
             pid=os.getpid(),
             segments=[SegmentSpec(pseg.name, pseg.size, "slots")],
         )
-        step = gen.send(encode_message(welcome))
+        step = gen.send((encode_message(welcome), []))
         assert step[0] == "send"  # Ready is about to go out...
         assert not os.path.exists("/dev/shm" + pseg.name)  # ...and the name is gone
         gen.close()  # the server never reads it

@@ -1,4 +1,6 @@
-"""POSIX shared-memory segments: creation, attach checks, unlink, sweep, full /dev/shm."""
+"""Shared-memory segments: named POSIX ones (creation, attach checks, unlink, sweep,
+full /dev/shm) with ``RINGWIRE_SEGMENTS=named``, and memory files (seals, descriptor
+checks, no name anywhere, the memory limit named when full)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,12 @@ from ringwire._wire.names import is_segment_name, name_pid, new_segment_name
 
 def shm_path(name: str) -> str:
     return SHM_DIR + name
+
+
+@pytest.fixture(autouse=True)
+def named_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests of this module without a ``kind=`` are about named segments."""
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "named")
 
 
 def test_names():
@@ -160,3 +168,121 @@ def test_unlink_segment_missing():
 
 def test_module_constants():
     assert _segment.SHM_DIR == "/dev/shm"
+
+
+# -- memory files -----------------------------------------------------------------------
+
+needs_memfd = pytest.mark.skipif(
+    not _segment.memfd_supported(), reason="this system has no sealed memory files"
+)
+
+
+def _memfd_fds() -> set[int]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:rw."):
+                out.add(int(fd))
+        except OSError:
+            pass
+    return out
+
+
+@needs_memfd
+def test_memfd_has_no_name_is_sealed_and_maps_across_a_descriptor():
+    before = set(os.listdir(SHM_DIR))
+    seg = Segment.create(10000, kind="memfd")
+    try:
+        assert seg.kind == "memfd" and seg.unlinked and seg.fd >= 0
+        assert set(os.listdir(SHM_DIR)) == before  # no name, ever
+        st = os.fstat(seg.fd)
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == seg.size == 12288
+        assert st.st_blocks * 512 >= seg.size  # reserved up front
+        import fcntl
+
+        seals = fcntl.fcntl(seg.fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW
+        with pytest.raises(PermissionError):
+            os.ftruncate(seg.fd, 4096)  # nobody can shrink it under a mapping
+        assert os.readlink(f"/proc/self/fd/{seg.fd}").startswith("/memfd:rw.")
+        assert name_pid(seg.name) == os.getpid()
+        seg.buf[:5] = b"hello"
+        other = Segment.from_fd(seg.fd, seg.name, seg.size, "memfd")
+        try:
+            assert other.buf[:5] == b"hello" and other.fd == -1
+        finally:
+            assert other.close()
+        seg.close_fd()
+        seg.close_fd()  # idempotent
+        assert seg.buf[:5] == b"hello"  # the mapping keeps the memory
+    finally:
+        seg.close()
+    assert not _memfd_fds() & {seg.fd}
+
+
+@needs_memfd
+def test_a_received_descriptor_of_the_wrong_kind_is_refused(tmp_path):
+    import fcntl
+
+    r, w = os.pipe()
+    reg = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(reg, 4096)
+    plain = os.memfd_create("rw.1.aaaaaaaaaaaa", os.MFD_CLOEXEC)  # no sealing at all
+    os.fchmod(plain, 0o600)
+    os.ftruncate(plain, 4096)
+    short = Segment.create(4096, kind="memfd")
+    wsealed = os.memfd_create("x", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.fchmod(wsealed, 0o600)
+    os.ftruncate(wsealed, 4096)
+    fcntl.fcntl(wsealed, fcntl.F_ADD_SEALS, _segment.SEALS | fcntl.F_SEAL_WRITE)
+    try:
+        cases = [
+            (r, "not a shared-memory file"),
+            (reg, "a file on a disk"),
+            (plain, "not sealed"),
+            (short.fd, "has 4096 bytes, the peer announced 8192"),
+            (wsealed, "sealed against writing"),
+        ]
+        for fd, why in cases:
+            size = 8192 if fd == short.fd else 4096
+            with pytest.raises(SegmentError, match=why):
+                Segment.from_fd(fd, "memfd:rw.1.aaaaaaaaaaaa", size, "memfd")
+        with pytest.raises(SegmentError, match="Bad file descriptor"):
+            Segment.from_fd(987654, "memfd:rw.1.aaaaaaaaaaaa", 4096, "memfd")
+    finally:
+        for fd in (r, w, reg, plain, wsealed):
+            os.close(fd)
+        short.close()
+
+
+@needs_memfd
+def test_a_full_memory_limit_names_it(monkeypatch):
+    def full(fd, offset, size):
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    held = _memfd_fds()
+    with pytest.raises(SharedMemoryFull, match="memory files are limited by") as ei:
+        Segment.create(1 << 20, kind="memfd")
+    assert "1048576" in str(ei.value) and "/dev/shm" not in str(ei.value)
+    assert _memfd_fds() == held  # the descriptor did not stay
+
+
+def test_the_kind_switch(monkeypatch):
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "named")
+    assert _segment.segment_kind() == "named"
+    seg = Segment.create(4096)
+    assert seg.kind == "named" and os.path.exists(shm_path(seg.name))
+    seg.unlink()
+    assert seg.close()
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "bogus")
+    with pytest.raises(SegmentError, match="RINGWIRE_SEGMENTS='bogus'"):
+        _segment.segment_kind()
+    monkeypatch.delenv("RINGWIRE_SEGMENTS")
+    expected = "memfd" if _segment.memfd_supported() else "named"
+    assert _segment.segment_kind() == expected
+    monkeypatch.setattr(_segment, "_memfd_ok", False)
+    assert _segment.segment_kind() == "named"
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "memfd")
+    with pytest.raises(SegmentError, match="no sealed memory files"):
+        _segment.segment_kind()

@@ -21,7 +21,12 @@ def test_a_slot_pool_that_does_not_fit_says_so(monkeypatch: pytest.MonkeyPatch) 
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "named")
     with pytest.raises(ringwire.SharedMemoryFull, match="/dev/shm") as info:
+        create_pool(CHAOS_SLOTS)
+    assert "tensor-slot pool (8 x 4 KiB, 4 x 64 KiB)" in str(info.value)
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "auto")
+    with pytest.raises(ringwire.SharedMemoryFull) as info:
         create_pool(CHAOS_SLOTS)
     assert "tensor-slot pool (8 x 4 KiB, 4 x 64 KiB)" in str(info.value)
     assert "slots=None" in str(info.value)

@@ -897,7 +897,8 @@ async def test_bogus_release_breaks_only_that_connection():
         del held
 
 
-def test_handshake_refuses_a_malformed_pool():
+def test_handshake_refuses_a_malformed_pool(monkeypatch):
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "named")  # (a hello written by hand: by name)
     a, b = pair()
     sock_a = a._take()
     bad = Segment.create(1 << 16)
