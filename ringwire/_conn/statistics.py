@@ -71,6 +71,10 @@ class ChannelStatistics:
     loans_outstanding: int = 0
     inline_fallbacks: int = 0
     slots_reclaimed: int = 0
+    # arrays larger than every slot class (each in memory of its own: SlotConfig.large_limit)
+    large_in_use: int = 0  # sent, not yet released by the peer
+    large_bytes_in_use: int = 0
+    large_sent: int = 0
     # this side's GPU pools (CUDA tensors sent by reference, Ext 5)
     cuda_pools: list[int] = field(default_factory=list)  # devices with a pool
     cuda_slots_in_use: int = 0

@@ -39,7 +39,8 @@ class _Table:
 
     def __init__(self) -> None:
         seg = Segment.create(N.SEGMENT_SIZE)
-        seg.unlink()  # a mapping only from now on
+        seg.unlink()  # a mapping only from now on (a memory file: no name to unlink)
+        seg.close_fd()
         self.seg = seg
         self.pid = os.getpid()
         self.cells = memoryview(seg.buf).cast("Q")

@@ -56,6 +56,7 @@ __all__ = [
     "SEALS",
     "SHM_DIR",
     "Segment",
+    "check_descriptor",
     "memfd_supported",
     "memory_limit",
     "pid_alive",
@@ -323,48 +324,18 @@ class Segment:
     @classmethod
     def from_fd(cls, fd: int, name: str, size: int, kind: str) -> Segment:
         """Map the segment a peer passed as descriptor ``fd`` (which stays the
-        caller's to close): a sealed memory file (``kind="memfd"``) or a named
-        segment's descriptor whose name is gone (``"named"``, a broadcast join's), of
-        exactly ``size`` bytes.  Raises :class:`SegmentError` naming what is wrong:
-        not a regular file (a pipe, a socket), a memory file without the seals (or
-        with a write seal), a regular file on a disk, another owner, the wrong size."""
-        try:
-            st = os.fstat(fd)
-        except OSError as exc:
-            raise SegmentError(f"descriptor for segment {name!r:.80}: {exc.strerror}") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise SegmentError(
-                f"the descriptor for segment {name!r:.80} is not a shared-memory file "
-                f"(file type {stat.S_IFMT(st.st_mode):o})"
-            )
-        try:
-            seals = fcntl.fcntl(fd, _F_GET_SEALS)
-        except OSError:
-            raise SegmentError(
-                f"the descriptor for segment {name!r:.80} is not a shared-memory file "
-                "(a file on a disk, not a memory file or /dev/shm)"
-            ) from None
-        if kind == "memfd":
-            if seals & _MUST_HAVE != _MUST_HAVE:
-                raise SegmentError(
-                    f"memory file {name!r:.80} is not sealed against shrinking and growing "
-                    f"(seals {seals:#x}): a peer could truncate it under this side"
-                )
-            if seals & _NO_WRITE:
-                raise SegmentError(f"memory file {name!r:.80} is sealed against writing")
-        return cls._map_checked(fd, name, size, kind)
+        caller's to close), checked by :func:`check_descriptor`.  Raises
+        :class:`SegmentError`."""
+        check_descriptor(fd, name, size, kind)
+        return cls._map(fd, name, size, kind)
 
     @classmethod
     def _map_checked(cls, fd: int, name: str, size: int, kind: str) -> Segment:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise SegmentError(f"segment {name} belongs to uid {st.st_uid}, not to us")
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            raise SegmentError(
-                f"segment {name} is accessible to others (mode {stat.S_IMODE(st.st_mode):o})"
-            )
-        if st.st_size != size:
-            raise SegmentError(f"segment {name} has {st.st_size} bytes, the peer announced {size}")
+        _check_owner_and_size(os.fstat(fd), name, size)
+        return cls._map(fd, name, size, kind)
+
+    @classmethod
+    def _map(cls, fd: int, name: str, size: int, kind: str) -> Segment:
         try:
             buf = mmap.mmap(fd, size)
         except (OSError, ValueError) as exc:
@@ -400,6 +371,51 @@ class Segment:
         except BufferError:
             return False
         return True
+
+
+def _check_owner_and_size(st: os.stat_result, name: str, size: int) -> None:
+    if st.st_uid != os.geteuid():
+        raise SegmentError(f"segment {name} belongs to uid {st.st_uid}, not to us")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise SegmentError(
+            f"segment {name} is accessible to others (mode {stat.S_IMODE(st.st_mode):o})"
+        )
+    if st.st_size != size:
+        raise SegmentError(f"segment {name} has {st.st_size} bytes, the peer announced {size}")
+
+
+def check_descriptor(fd: int, name: str, size: int, kind: str) -> None:
+    """Check a segment a peer passed as descriptor ``fd``: a sealed memory file
+    (``kind="memfd"``) or a named segment's descriptor whose name is gone (``"named"``,
+    a broadcast join's), ours, not accessible to others, of exactly ``size`` bytes.
+    Raises :class:`SegmentError` naming what is wrong: not a regular file (a pipe, a
+    socket), a file on a disk, a memory file without the seals (or with a write
+    seal), another owner, the wrong size."""
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        raise SegmentError(f"descriptor for segment {name!r:.80}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SegmentError(
+            f"the descriptor for segment {name!r:.80} is not a shared-memory file "
+            f"(file type {stat.S_IFMT(st.st_mode):o})"
+        )
+    try:
+        seals = fcntl.fcntl(fd, _F_GET_SEALS)
+    except OSError:
+        raise SegmentError(
+            f"the descriptor for segment {name!r:.80} is not a shared-memory file "
+            "(a file on a disk, not a memory file or /dev/shm)"
+        ) from None
+    if kind == "memfd":
+        if seals & _MUST_HAVE != _MUST_HAVE:
+            raise SegmentError(
+                f"memory file {name!r:.80} is not sealed against shrinking and growing "
+                f"(seals {seals:#x}): a peer could truncate it under this side"
+            )
+        if seals & _NO_WRITE:
+            raise SegmentError(f"memory file {name!r:.80} is sealed against writing")
+    _check_owner_and_size(st, name, size)
 
 
 def pid_alive(pid: int) -> bool:

@@ -53,6 +53,7 @@ from .._wire.slotlayout import (
     pool_size,
     read_pool,
 )
+from .arena import DEFAULT_LARGE_LIMIT
 from .cuda import (
     CudaNeed,
     cuda_backend,
@@ -116,6 +117,14 @@ class SlotConfig:
     ``cuda_classes``
         the slot classes of each GPU pool (allocated on the device the first time a
         tensor of that device is sent; default 16 x 1 MiB, 8 x 16 MiB, 2 x 128 MiB).
+    ``large_limit``
+        arrays larger than every slot class still travel by reference, each in memory
+        reserved for it (a range of this side's *arena*, :mod:`ringwire._pool.arena`)
+        and given back to the kernel when the receiver's views die.  At most this many
+        bytes of them are outstanding at once (default 2 GiB); beyond that a send waits
+        like a full pool (``policy``), except that one array larger than the limit goes
+        when nothing else is outstanding, so no size is refused.  ``None``: no arena;
+        such arrays go inline if the ring holds them, else :class:`FrameTooLarge`.
 
     Copying received arrays into private memory is the *receiving* side's choice, not
     part of this (send pool) configuration: the ``copy_out=`` keyword of
@@ -138,6 +147,7 @@ class SlotConfig:
         SlotClass(16 * _MiB, 8),
         SlotClass(128 * _MiB, 2),
     )
+    large_limit: int | None = DEFAULT_LARGE_LIMIT
 
     def __post_init__(self) -> None:
         for field_name in ("classes", "cuda_classes"):
@@ -156,6 +166,10 @@ class SlotConfig:
             raise ValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
         if self.wait_timeout is not None and not self.wait_timeout >= 0:
             raise ValueError("wait_timeout must be None or >= 0")
+        if self.large_limit is not None and (
+            not isinstance(self.large_limit, int) or self.large_limit <= 0
+        ):
+            raise ValueError(f"large_limit must be None or a positive int, not {self.large_limit!r}")
         if self.cuda not in ("ipc", "stage"):
             raise ValueError(f"cuda must be 'ipc' or 'stage', not {self.cuda!r}")
 

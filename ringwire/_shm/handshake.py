@@ -13,14 +13,18 @@ Whatever goes wrong, a failed handshake leaves no segment and no name behind.
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import posix_ipc
+
 from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
-from .._pool.segment import Segment, unlink_segment
+from .._pool.arena import ArenaFile, ArenaMapper
+from .._pool.segment import Segment, check_descriptor, unlink_segment
 from .._pool.slotconfig import SlotConfig, attach_pool, create_pool
 from .._wire.control import (
     MAX_SEGMENTS,
@@ -39,9 +43,8 @@ from .._wire.control import (
 )
 from .._wire.names import name_pid
 from .._wire.ring import check_ring, init_ring, ring_size
-from .._wire.slotlayout import PoolLayout
 from .sockets import Step, drive_handshake_async, drive_handshake_sync, recv_with_fds
-from .transport import ShmTransport
+from .transport import OwnPool, PeerPool, ShmTransport
 
 __all__ = [
     "HandshakeGen",
@@ -64,8 +67,8 @@ class HandshakeResult:
     tx: tuple[int, int]
     rx: tuple[int, int]
     peer_pid: int
-    own_pool: tuple[Segment, PoolLayout, SlotConfig] | None
-    peer_pool: tuple[Segment, PoolLayout] | None
+    own_pool: OwnPool | None
+    peer_pool: PeerPool | None
 
 
 Received = tuple[bytes, list[int]]
@@ -100,27 +103,112 @@ def _attach(spec: SegmentSpec, fds: Sequence[int]) -> Segment:
     return Segment.from_fd(fds[spec.fd], spec.name, spec.size, "memfd")
 
 
-def _attach_peer_pool(
-    specs: Sequence[SegmentSpec], fds: Sequence[int]
-) -> tuple[Segment, PoolLayout] | None:
-    """Attach and check the peer's send pool (the one segment of role "slots")."""
+def _arena_spec(arena: ArenaFile, fds: list[int]) -> SegmentSpec:
+    if arena.kind == "memfd":
+        fds.append(arena.fd)
+        return SegmentSpec(arena.name, arena.size, "arena", fd=len(fds) - 1)
+    return SegmentSpec(arena.name, arena.size, "arena")
+
+
+def _open_arena(spec: SegmentSpec, fds: Sequence[int], pool_id: int) -> ArenaMapper:
+    """The peer's arena (see :mod:`ringwire._pool.arena`): checked like a segment,
+    not mapped (each reference maps its own range); its descriptor is kept."""
+    if spec.size % mmap.PAGESIZE:
+        raise HandshakeError(f"arena size {spec.size} is not a whole number of pages")
+    if spec.fd >= 0:
+        check_descriptor(fds[spec.fd], spec.name, spec.size, "memfd")
+        fd = os.dup(fds[spec.fd])
+    else:
+        try:
+            shm = posix_ipc.SharedMemory(spec.name)
+        except posix_ipc.Error as exc:
+            raise SegmentError(f"cannot open the peer's arena {spec.name}: {exc}") from None
+        try:
+            check_descriptor(shm.fd, spec.name, spec.size, "named")
+            fd = os.dup(shm.fd)
+        finally:
+            shm.close_fd()
+    return ArenaMapper(fd, spec.size, pool_id)
+
+
+def _roles(specs: Sequence[SegmentSpec], who: str) -> dict[str, int]:
+    """Index of the one "slots" and the one "arena" segment among ``specs`` (if any);
+    an arena needs a pool.  Raises :class:`HandshakeError`."""
+    found: dict[str, int] = {}
+    for i, spec in enumerate(specs):
+        if spec.role in ("slots", "arena"):
+            if spec.role in found:
+                raise HandshakeError(f"{who} announced more than one {spec.role} segment")
+            found[spec.role] = i
+    if "arena" in found and "slots" not in found:
+        raise HandshakeError(f"{who} announced an arena without a slot pool")
+    return found
+
+
+def _attach_peer_pool(specs: Sequence[SegmentSpec], fds: Sequence[int]) -> PeerPool | None:
+    """Attach and check the peer's send pool (the one segment of role "slots") and
+    open its arena (role "arena")."""
     validate_segments(specs, len(fds), "the listener")
-    pools = [spec for spec in specs if spec.role == "slots"]
-    if not pools:
+    roles = _roles(specs, "the listener")
+    if "slots" not in roles:
         return None
-    if len(pools) > 1:
-        raise HandshakeError("the peer announced more than one slot pool")
-    spec = pools[0]
+    spec = specs[roles["slots"]]
     try:
         seg = _attach(spec, fds)
     except SegmentError as exc:
         raise HandshakeError(f"cannot attach the peer's slot pool: {exc}") from None
     try:
         layout = attach_pool(seg)
-    except RingwireError as exc:
+        mapper = None
+        if "arena" in roles:
+            mapper = _open_arena(specs[roles["arena"]], fds, layout.pool_id)
+    except (RingwireError, OSError) as exc:
         seg.close()
         raise HandshakeError(f"the peer's slot pool is malformed: {exc}") from None
-    return seg, layout
+    return seg, layout, mapper
+
+
+def _make_pool(
+    slots: SlotConfig, specs: list[SegmentSpec], out: list[int], keep_going: Any = None
+) -> OwnPool:
+    """This side's send pool (and arena), announced in ``specs`` / ``out``."""
+    pseg, layout = create_pool(slots, keep_going)
+    arena = None
+    try:
+        if slots.large_limit is not None:
+            arena = ArenaFile()
+        specs.append(_spec(pseg, "slots", out))
+        if arena is not None:
+            specs.append(_arena_spec(arena, out))
+    except BaseException:
+        pseg.unlink()
+        pseg.close()
+        if arena is not None:
+            arena.close()
+        raise
+    return pseg, layout, slots, arena
+
+
+def _drop_own(own: OwnPool | None) -> None:
+    if own is not None:
+        own[0].unlink()
+        own[0].close()
+        if own[3] is not None:
+            own[3].close()
+
+
+def _unlink_own(own: OwnPool | None) -> None:
+    if own is not None:
+        own[0].unlink()
+        if own[3] is not None:
+            own[3].unlink()
+
+
+def _drop_peer(peer: PeerPool | None) -> None:
+    if peer is not None:
+        peer[0].close()
+        if peer[2] is not None:
+            peer[2].close()
 
 
 def client_handshake(
@@ -141,8 +229,8 @@ def client_handshake(
 
     lane = ring_size(capacity)
     seg = Segment.create(2 * lane, keep_going)
-    own: tuple[Segment, PoolLayout, SlotConfig] | None = None
-    peer: tuple[Segment, PoolLayout] | None = None
+    own: OwnPool | None = None
+    peer: PeerPool | None = None
     got: list[int] = []  # descriptors received: ours to close
     try:
         init_ring(seg.buf, 0, capacity)
@@ -151,9 +239,7 @@ def client_handshake(
         specs = [_spec(seg, "rings", out)]
         if slots is not None:
             keep_going()
-            pseg, layout = create_pool(slots, keep_going)
-            own = (pseg, layout, slots)
-            specs.append(_spec(pseg, "slots", out))
+            own = _make_pool(slots, specs, out, keep_going)
             keep_going()
         hs = Handshake("client")
         hello = Hello(
@@ -172,21 +258,19 @@ def client_handshake(
         if welcome.version not in SUPPORTED_VERSIONS:
             raise HandshakeError(f"the listener chose unsupported version {welcome.version}")
         seg.unlink()  # the server has attached: the names can go
-        if own is not None:
-            own[0].unlink()
+        _unlink_own(own)
         peer = _attach_peer_pool(welcome.segments, got)  # other roles: not ours to use
-        if peer is not None:  # attached: its name can go now (the server may die before Ready)
-            unlink_segment(peer[0].name)
+        if peer is not None:  # attached: its names can go now (the server may die before Ready)
+            for spec in welcome.segments:
+                if spec.fd == -1 and spec.role in ("slots", "arena"):
+                    unlink_segment(spec.name)
         yield ("send", hs.send(Ready()))
         return HandshakeResult([seg], (0, 0), (0, lane), welcome.pid, own, peer)
     except BaseException:
         seg.unlink()
         seg.close()
-        if own is not None:
-            own[0].unlink()
-            own[0].close()
-        if peer is not None:
-            peer[0].close()  # the server unlinks its own names
+        _drop_own(own)
+        _drop_peer(peer)  # the server unlinks its own names
         raise
     finally:
         for fd in got:
@@ -217,9 +301,10 @@ def server_handshake(
             os.close(fd)
         raise
     assert isinstance(hello, Hello)
-    attached: list[Segment] = []
-    own: tuple[Segment, PoolLayout, SlotConfig] | None = None
-    peer: tuple[Segment, PoolLayout] | None = None
+    attached: dict[int, Segment] = {}
+    own: OwnPool | None = None
+    peer: PeerPool | None = None
+    mapper: ArenaMapper | None = None
     ok = False
     try:
         try:
@@ -232,31 +317,34 @@ def server_handshake(
                             f"segment {spec.name} was not made by the connecting process "
                             f"(pid {cred_pid})"
                         )
-            pools = [i for i, spec in enumerate(hello.segments) if spec.role == "slots"]
-            if len(pools) > 1:
-                raise HandshakeError("the client announced more than one slot pool")
-            if pools and pools[0] in (hello.c2s.segment, hello.s2c.segment):
-                raise HandshakeError("a ring lies in the slot pool segment")
-            for spec in hello.segments:
-                attached.append(_attach(spec, got))
-            for fd in got:  # mapped: the mappings keep the memory
-                os.close(fd)
-            got.clear()
+            roles = _roles(hello.segments, "the client")
+            for role, i in roles.items():
+                if i in (hello.c2s.segment, hello.s2c.segment):
+                    raise HandshakeError(f"a ring lies in the {role} segment")
+            for i, spec in enumerate(hello.segments):
+                if i != roles.get("arena"):
+                    attached[i] = _attach(spec, got)
             for ring in (hello.c2s, hello.s2c):
                 check_ring(attached[ring.segment].buf, ring.offset, ring.capacity)
-            if pools:
+            if "slots" in roles:
+                pseg = attached[roles["slots"]]
                 try:
-                    peer = (attached[pools[0]], attach_pool(attached[pools[0]]))
+                    layout = attach_pool(pseg)
                 except RingwireError as exc:
                     raise HandshakeError(f"malformed slot pool: {exc}") from None
+                if "arena" in roles:
+                    mapper = _open_arena(hello.segments[roles["arena"]], got, layout.pool_id)
+                peer = (pseg, layout, mapper)
+            for fd in got:  # mapped (or duplicated): the mappings keep the memory
+                os.close(fd)
+            got.clear()
+            out: list[int] = []
+            specs: list[SegmentSpec] = []
             if slots is not None:
-                pseg, layout = create_pool(slots)
-                own = (pseg, layout, slots)
-        except (HandshakeError, SegmentError, RingCorrupted) as exc:
+                own = _make_pool(slots, specs, out)
+        except (HandshakeError, SegmentError, RingCorrupted, OSError) as exc:
             yield ("send_best_effort", hs.send(Refused(str(exc))))
             raise HandshakeError(f"client pid {hello.pid}: {exc}") from None
-        out: list[int] = []
-        specs = [] if own is None else [_spec(own[0], "slots", out)]
         welcome = Welcome(version=version, pid=os.getpid(), segments=specs)
         yield ("send", (hs.send(welcome), out))
         if own is not None:
@@ -264,10 +352,9 @@ def server_handshake(
         yield from _recv_message(hs, got)  # Ready: the client attached our pool
         if got:
             raise HandshakeError(f"client pid {hello.pid} passed descriptors with Ready")
-        if own is not None:
-            own[0].unlink()
+        _unlink_own(own)
         ok = True
-        rings = [seg for i, seg in enumerate(attached) if not (peer and seg is peer[0])]
+        rings = [seg for seg in attached.values() if not (peer and seg is peer[0])]
         index = {id(seg): i for i, seg in enumerate(rings)}
         return HandshakeResult(
             rings,
@@ -281,11 +368,11 @@ def server_handshake(
         for fd in got:
             os.close(fd)
         if not ok:
-            for seg in attached:
+            for seg in attached.values():
                 seg.close()
-            if own is not None:
-                own[0].unlink()
-                own[0].close()
+            if mapper is not None:
+                mapper.close()
+            _drop_own(own)
             # a client that died mid-handshake cannot unlink its names any more
             for spec in hello.segments:
                 try:

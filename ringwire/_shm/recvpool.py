@@ -72,6 +72,7 @@ import numpy as np
 from .._errors import (
     DecodeError,
 )
+from .._pool.arena import ArenaMapper, big_tag
 from .._pool.cuda import (
     OpenedCudaPool,
     ReleaseThread,
@@ -117,12 +118,14 @@ class ShmRecvPool(RecvPoolBase):
         bell: Callable[[], object],
         copy_out: bool,
         lane_offset: int | None = None,
+        arena: ArenaMapper | None = None,
     ) -> None:
         """``bell`` wakes the producer (one non-blocking doorbell; it may raise
         ``OSError``, which is ignored: a full socket wakes the producer anyway, a gone
         one reclaims everything).  ``lane_offset``: where this consumer's release lane
         lies in the segment (default: right after the pool; a broadcast gives each
-        reader its own lane further on)."""
+        reader its own lane further on).  ``arena``: the producer's arena (arrays
+        larger than every slot, :mod:`ringwire._pool.arena`), or ``None``."""
         self.seg = seg
         self.layout = layout
         self._buf: Any = seg.buf
@@ -143,6 +146,9 @@ class ShmRecvPool(RecvPoolBase):
         self.cuda_received = 0
         self._cuda_releaser: ReleaseThread | None = None
         self._cuda_unmapped: dict[int, int] = {}  # tag -> last generation given back unread
+        self.arena = arena
+        self._arena_id = -1 if arena is None else arena.pool_id
+        self.large_received = 0
 
     # -- resolving (the Decoder's resolver) --------------------------------------------
 
@@ -154,19 +160,21 @@ class ShmRecvPool(RecvPoolBase):
                 f"a {type(ref).__name__} (a reference of another transport) arrived on a "
                 "shared-memory connection"
             )
+        if ref.pool == self._arena_id:
+            return self._resolve_large(ref)
         check_ref(self._buf, self.layout, ref)
         slot, gen = ref.slot, ref.generation
         if self.held.get(slot) == gen:
             raise DecodeError(f"slot {slot} generation {gen} is referenced twice")
         self.resolved_generation[slot] = gen
+        dtype: Any
         try:
             if ref.kind == KIND_NUMPY:
                 dtype = numpy_dtype_from_wire(ref.dtype)
                 align = dtype.alignment
             else:
-                torch = torch_module()
-                tdtype = torch_dtype_from_wire(ref.dtype)
-                align = min(int(tdtype.itemsize), 16)
+                dtype = torch_dtype_from_wire(ref.dtype)
+                align = min(int(dtype.itemsize), 16)
             if ref.offset % align:
                 raise DecodeError(
                     f"slot reference offset {ref.offset} is misaligned for {ref.dtype}"
@@ -175,6 +183,40 @@ class ShmRecvPool(RecvPoolBase):
         except BaseException:
             self.queue.push(slot, gen)  # valid, but we cannot use it: give it back now
             raise
+        return self._hand_out(base, slot, gen, ref, dtype)
+
+    def _resolve_large(self, ref: SlotRef) -> Any:
+        """A reference to a range of the producer's arena: checked, mapped on its own
+        (see :mod:`ringwire._pool.arena`)."""
+        arena = self.arena
+        assert arena is not None
+        tag, gen = big_tag(ref.slot), ref.generation
+        if ref.slot >= 1 << 32:
+            raise DecodeError(f"arena reference names range {ref.slot}")
+        if self.held.get(tag) == gen:
+            raise DecodeError(f"arena range {ref.slot} generation {gen} is referenced twice")
+        try:
+            mapping = arena.map(ref.offset, ref.nbytes)
+        except (ValueError, OSError) as exc:
+            raise DecodeError(f"bad arena reference: {exc}") from None
+        self.resolved_generation[tag] = gen
+        dtype: Any
+        try:
+            if ref.kind == KIND_NUMPY:
+                dtype = numpy_dtype_from_wire(ref.dtype)
+            else:
+                dtype = torch_dtype_from_wire(ref.dtype)
+            base = np.frombuffer(mapping, np.uint8, count=ref.nbytes)
+        except BaseException:
+            self.queue.push(tag, gen)  # valid, but we cannot use it: give it back now
+            raise
+        del mapping  # the base array keeps it (it unmaps when the last view dies)
+        self.large_received += 1
+        return self._hand_out(base, tag, gen, ref, dtype)
+
+    def _hand_out(self, base: Any, slot: int, gen: int, ref: SlotRef, dtype: Any) -> Any:
+        """The view of ``base`` that ``ref`` describes, with the finalizer that releases
+        ``(slot, gen)`` when the last view dies (or a private copy, released now)."""
         self.received += 1
         if self.copy_out:
             base = base.copy()
@@ -190,7 +232,7 @@ class ShmRecvPool(RecvPoolBase):
             if not self.copy_out:
                 out.flags.writeable = False
             return out
-        return torch.from_numpy(base).view(tdtype).reshape(ref.shape)
+        return torch_module().from_numpy(base).view(dtype).reshape(ref.shape)
 
     def _open_cuda(self, ref: CudaRef, backend: Any) -> OpenedCudaPool:
         """The producer's GPU pool ``ref`` names, mapped on first use (once per
@@ -326,14 +368,19 @@ class ShmRecvPool(RecvPoolBase):
             if code == X.SHM_REF:
                 try:
                     ref = decode_descriptor(SlotRef, data)
-                    check_ref(self._buf, self.layout, ref)
+                    if ref.pool == self._arena_id:
+                        assert self.arena is not None
+                        self.arena.map(ref.offset, ref.nbytes).close()  # a range it lent?
+                        key = (big_tag(ref.slot), ref.generation)
+                    else:
+                        check_ref(self._buf, self.layout, ref)
+                        key = (ref.slot, ref.generation)
                 except Exception:
                     return None
-                key = (ref.slot, ref.generation)
                 if (
                     key not in done
-                    and self.held.get(ref.slot) != ref.generation
-                    and self.resolved_generation.get(ref.slot) != ref.generation
+                    and self.held.get(key[0]) != key[1]
+                    and self.resolved_generation.get(key[0]) != key[1]
                 ):
                     done.add(key)
                     found.append(key)
@@ -393,6 +440,8 @@ class ShmRecvPool(RecvPoolBase):
             self._buf = None
             self.cuda_opened.clear()  # live views keep their pool mapped
             seg.close()
+            if self.arena is not None:
+                self.arena.close()  # live views keep their own mappings
             # a producer of this process that closed first may settle its GPU blocks now
             # (non-blocking: this may run in garbage collection, see ``abandon``)
             sweep(blocking=False)

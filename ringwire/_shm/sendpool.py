@@ -46,6 +46,7 @@ from .._errors import (
     SlotRefused,
     SlotsExhausted,
 )
+from .._pool.arena import BIG_HI, ArenaAllocator, ArenaFile, big_tag
 from .._pool.cuda import (
     CudaNeed,
     CudaSendPool,
@@ -99,8 +100,15 @@ class ShmSendPool:
     reuses_placements = True  # a Placement holds nothing beside its list
 
     def __init__(
-        self, seg: Segment, layout: PoolLayout, config: SlotConfig, max_inline: int
+        self,
+        seg: Segment,
+        layout: PoolLayout,
+        config: SlotConfig,
+        max_inline: int,
+        arena: ArenaFile | None = None,
     ) -> None:
+        """``arena``: the file of this side's arena (arrays larger than every slot,
+        :mod:`ringwire._pool.arena`), or ``None``."""
         self.seg = seg
         self.config = config
         self.layout = layout
@@ -125,6 +133,10 @@ class ShmSendPool:
         self.reclaimed = 0
         self.cuda_pools: dict[int, CudaSendPool] = {}  # device -> GPU pool (made on first use)
         self.cuda_staged = 0
+        self.big: ArenaAllocator | None = None
+        if arena is not None:
+            self.big = ArenaAllocator(arena, config.large_limit or 0, layout.pool_id)
+        self.large_sent = 0
 
     # -- queries ----------------------------------------------------------------------
 
@@ -138,7 +150,18 @@ class ShmSendPool:
             "releases_received": self.releases_received,
             "loans_outstanding": len(self.loans),
             "inline_fallbacks": self.inline_fallbacks,
+            **self._large_statistics(),
             **self._cuda_statistics(),
+        }
+
+    def _large_statistics(self) -> dict[str, Any]:
+        big = self.big
+        if big is None:
+            return {}
+        return {
+            "large_in_use": big.in_use(),
+            "large_bytes_in_use": big.outstanding,
+            "large_sent": self.large_sent,
         }
 
     def _cuda_statistics(self) -> dict[str, Any]:
@@ -154,8 +177,12 @@ class ShmSendPool:
             "cuda_staged": self.cuda_staged,
         }
 
-    def _alloc_of(self, tag: int) -> tuple[SlotAllocator, int]:
+    def _alloc_of(self, tag: int) -> tuple[Any, int]:
         """The allocator and slot index a release-lane slot number names."""
+        if tag >> 32 == BIG_HI:
+            if self.big is None:
+                raise SlotRefused(f"release of arena range {tag & 0xFFFFFFFF}: no arena")
+            return self.big, tag & 0xFFFFFFFF
         split = split_tag(tag)
         if split is None:
             return self.alloc, tag
@@ -175,6 +202,8 @@ class ShmSendPool:
         if isinstance(nbytes, CudaNeed):
             pool = self.cuda_pools.get(nbytes.device)
             return pool is None or pool.alloc.can_allocate(nbytes.nbytes)
+        if self.big is not None and nbytes > self.alloc.largest:
+            return self.big.can_allocate(nbytes)
         return self.alloc.can_allocate(nbytes)
 
     def consumed(self, pairs: Sequence[tuple[int, int]]) -> bool:
@@ -250,11 +279,14 @@ class ShmSendPool:
             wire = torch_dtype_to_wire(obj.dtype)
             kind = KIND_TORCH
         if nbytes > self.alloc.largest:
+            if self.big is not None:
+                return self._place_big(obj, nbytes, wire, kind, placement)
             if nbytes > self._max_inline:
                 raise FrameTooLarge(
                     f"a {nbytes}-byte array fits neither a slot of this channel's pool "
                     f"({self.config.describe()}) nor the ring (at most {self._max_inline} "
-                    "bytes per record): configure a larger slot class (slots=SlotConfig(...))"
+                    "bytes per record): configure a larger slot class, or a "
+                    "SlotConfig.large_limit (slots=SlotConfig(...))"
                 )
             self.inline_fallbacks += 1
             return None
@@ -267,7 +299,7 @@ class ShmSendPool:
             self._exhausted(others, nbytes, "", self.config.describe(), placement.policy)
             return None  # policy "inline"
         try:
-            self._copy_in(obj, slot, nbytes)
+            self._copy_in(obj, self._slot_array(slot, nbytes), nbytes)
         except BaseException:
             with self.lock:
                 self.alloc.cancel(slot)
@@ -277,6 +309,55 @@ class ShmSendPool:
             gen = self.alloc.generation(slot)
         record.append((slot, gen, False))
         return self.alloc.ref(slot, nbytes, obj.shape, wire, kind)
+
+    def _place_big(
+        self, obj: Any, nbytes: int, wire: Any, kind: Any, placement: Placement
+    ) -> SlotRef | None:
+        """An array larger than every slot: a range of the arena (see
+        :mod:`ringwire._pool.arena`)."""
+        big = self.big
+        assert big is not None
+        record = placement
+        with self.lock:
+            index = big.allocate(nbytes)  # may raise SharedMemoryFull
+            if index is None:
+                others = big.in_use() - sum(1 for t, _, _ in record if t >> 32 == BIG_HI)
+        if index is None:
+            what = f"large-array memory ({big.limit} bytes outstanding at most: large_limit)"
+            if placement.policy == "inline" and nbytes > self._max_inline:
+                raise SlotsExhausted(f"no {what} for {nbytes} bytes, which the ring cannot carry")
+            self._exhausted(others, nbytes, "", what, placement.policy)
+            return None  # policy "inline"
+        tag = big_tag(index)
+        try:
+            view = big.view(index, nbytes)
+            dst = np.frombuffer(view, np.uint8)
+            try:
+                self._copy_in(obj, dst, nbytes)
+            finally:
+                del dst
+                view.release()
+            with self.lock:
+                big.mark_sent(index)
+                gen = big.generation(index)
+                offset = big.offset_of(index)
+        except BaseException:
+            with self.lock:
+                big.cancel(index)
+            raise
+        self.large_sent += 1
+        record.append((tag, gen, False))
+        return SlotRef(
+            version=1,
+            pool=big.pool_id,
+            slot=index,
+            generation=gen,
+            offset=offset,
+            nbytes=nbytes,
+            shape=tuple(obj.shape),
+            dtype=wire,
+            kind=kind,
+        )
 
     # -- CUDA tensors (Ext 5) ---------------------------------------------------------
 
@@ -405,8 +486,12 @@ class ShmSendPool:
             raise SlotsExhausted(f"no free {what}slot for {text} ({pool}; policy 'error')")
         raise NeedSlot(need)
 
-    def _copy_in(self, obj: Any, slot: int, nbytes: int) -> None:
-        dst = np.frombuffer(self._buf, np.uint8, count=nbytes, offset=self.layout.offsets[slot])
+    def _slot_array(self, slot: int, nbytes: int) -> Any:
+        return np.frombuffer(self._buf, np.uint8, count=nbytes, offset=self.layout.offsets[slot])
+
+    @staticmethod
+    def _copy_in(obj: Any, dst: Any, nbytes: int) -> None:
+        """Copy array or tensor ``obj`` into ``dst`` (a uint8 array of ``nbytes``)."""
         if isinstance(obj, np.ndarray):
             if nbytes:
                 np.copyto(dst.view(obj.dtype).reshape(obj.shape), obj, casting="no")
@@ -500,6 +585,8 @@ class ShmSendPool:
         if isinstance(need, CudaNeed):
             pool = self.cuda_pools.get(need.device)
             return pool is None or pool.alloc.in_use() == 0
+        if self.big is not None and need > self.alloc.largest:
+            return self.big.in_use() == 0
         return self.alloc.in_use() == 0
 
     # -- releases ---------------------------------------------------------------------
@@ -570,6 +657,8 @@ class ShmSendPool:
             n = self.alloc.reclaim_sent(publish=publish)
             for pool in self.cuda_pools.values():
                 n += pool.alloc.reclaim_sent()
+            if self.big is not None:
+                n += self.big.reclaim_sent(publish)
             self.reclaimed += n
         if self.cuda_pools and not self.closed:
             sweep()  # a consumer that went may free blocks of earlier connections
@@ -627,6 +716,8 @@ class ShmSendPool:
                 pool.close(consumer_gone or lane is None, lane)
             self._buf = None
             self.alloc.detach()
+            if self.big is not None:
+                self.big.close()
         if self.cuda_pools:
             sweep()
         seg.unlink()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 
+from .._pool.arena import ArenaFile, ArenaMapper
 from .._pool.segment import Segment
 from .._pool.slotconfig import SlotConfig
 from .._wire.codec import Encoder
@@ -25,7 +26,12 @@ from .recvpool import ShmRecvPool
 from .sendpool import ShmSendPool
 from .sockets import ControlSocketEnd
 
-__all__ = ["ShmTransport"]
+__all__ = ["OwnPool", "PeerPool", "ShmTransport"]
+
+OwnPool = tuple[Segment, PoolLayout, SlotConfig, "ArenaFile | None"]
+"""The send pool one side lends: its segment, layout, configuration, arena."""
+PeerPool = tuple[Segment, PoolLayout, "ArenaMapper | None"]
+"""The peer's send pool as this side maps it: segment, layout, arena."""
 
 _MAX_RECORD_SLACK = 1024  # bytes of a record's frame left for what is not array data
 
@@ -41,11 +47,12 @@ class ShmTransport(ControlSocketEnd):
         rx: tuple[int, int],
         peer_pid: int,
         version: int,
-        own_pool: tuple[Segment, PoolLayout, SlotConfig] | None = None,
-        peer_pool: tuple[Segment, PoolLayout] | None = None,
+        own_pool: OwnPool | None = None,
+        peer_pool: PeerPool | None = None,
     ) -> None:
         """``tx`` / ``rx``: (segment index, offset) of the lane this end writes / reads;
-        ``own_pool``: the pool this end lends the peer; ``peer_pool``: the peer's."""
+        ``own_pool``: the pool (and arena) this end lends the peer; ``peer_pool``: the
+        peer's."""
         self._sock = sock
         self._fd = sock.fileno()
         self._segments = segments
@@ -60,14 +67,14 @@ class ShmTransport(ControlSocketEnd):
         self.send_pool: ShmSendPool | None = None
         self.recv_pool: ShmRecvPool | None = None
         if own_pool is not None:
-            seg, layout, config = own_pool
+            seg, layout, config, arena = own_pool
             max_inline = self.tx.max_payload - _MAX_RECORD_SLACK
-            self.send_pool = ShmSendPool(seg, layout, config, max_inline)
+            self.send_pool = ShmSendPool(seg, layout, config, max_inline, arena)
         if peer_pool is not None:
-            seg, layout = peer_pool
+            seg, layout, mapper = peer_pool
             # (copy_out is the receiving endpoint's option: whoever makes the endpoint
             # sets recv_pool.copy_out before the first record, see _conn/connect.py)
-            self.recv_pool = ShmRecvPool(seg, layout, self._release_bell, False)
+            self.recv_pool = ShmRecvPool(seg, layout, self._release_bell, False, arena=mapper)
 
     def close(self) -> None:
         self.shutdown()

@@ -747,7 +747,10 @@ async def test_wait_timeout_and_impossible_records():
 
 @pytest.mark.anyio
 async def test_arrays_too_large_for_any_slot():
-    cfg = SlotConfig(classes=(SlotClass(4096, 2),), threshold=1024)
+    """Without an arena (large_limit=None) an array larger than every slot goes inline
+    if the ring takes it, else FrameTooLarge; with one (the default) it goes by
+    reference, in memory of its own."""
+    cfg = SlotConfig(classes=(SlotClass(4096, 2),), threshold=1024, large_limit=None)
     a, b = await apair(cfg, cfg, capacity=1 << 20)
     async with a, b:
         x = np.ones(20_000)  # 160 KB: no slot, but the ring takes it
@@ -757,6 +760,22 @@ async def test_arrays_too_large_for_any_slot():
         with pytest.raises(FrameTooLarge, match="2 x 4 KiB"):
             await a.send(np.ones(200_000))  # fits neither
         assert in_use(a) == 0
+    cfg = SlotConfig(classes=(SlotClass(4096, 2),), threshold=1024)
+    a, b = await apair(cfg, cfg, capacity=1 << 20)
+    async with a, b:
+        for n in (20_000, 200_000):
+            x = np.arange(n, dtype=np.float64)
+            await a.send(x)
+            y = await b.receive()
+            assert np.array_equal(y, x) and not y.flags.writeable
+            assert a.statistics().large_in_use == 1
+            del y
+            await a.send(0)  # a safe point that reads the release
+            assert await b.receive() == 0
+            await a.send(0)
+            assert await b.receive() == 0
+        st = a.statistics()
+        assert st.large_sent == 2 and st.large_in_use == 0 and st.inline_fallbacks == 0
 
 
 @pytest.mark.anyio
