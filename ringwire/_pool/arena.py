@@ -52,7 +52,14 @@ import posix_ipc
 
 from .._errors import SegmentError, SharedMemoryFull, SlotRefused
 from .._wire.names import new_segment_name
-from .segment import ENV_KIND, SEALS, memory_limit, segment_kind, unlink_segment
+from .segment import (
+    ENV_KIND,
+    SEALS,
+    huge_pages_on_shmem,
+    memory_limit,
+    segment_kind,
+    unlink_segment,
+)
 
 __all__ = [
     "ARENA_SIZE",
@@ -63,7 +70,6 @@ __all__ = [
     "ArenaMapper",
     "arena_pool_id",
     "big_tag",
-    "thp_shmem",
 ]
 
 ARENA_SIZE = 1 << 40
@@ -76,7 +82,6 @@ _MAX_ENTRIES = 1 << 16
 _MADV_POPULATE_WRITE = 23  # Linux 5.14 (not in Python 3.11's mmap module)
 FREE, LOANED, SENT = 0, 1, 2
 _MASK64 = (1 << 64) - 1
-_SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 
 
 def big_tag(index: int) -> int:
@@ -87,19 +92,6 @@ def big_tag(index: int) -> int:
 def arena_pool_id(pool_id: int) -> int:
     """The pool id arena references carry, derived from the send pool's id."""
     return (pool_id ^ 0xA5E4A5E4A5E4A5E4) & _MASK64
-
-
-def thp_shmem() -> str:
-    """The kernel's policy for transparent huge pages on shared memory (the word in
-    brackets in ``shmem_enabled``: ``always``, ``within_size``, ``advise``, ``never``,
-    ``deny``, ``force``), or ``""`` where there is none."""
-    try:
-        with open(_SHMEM_ENABLED) as f:
-            text = f.read()
-    except OSError:
-        return ""
-    start, end = text.find("["), text.find("]")
-    return text[start + 1 : end] if 0 <= start < end else ""
 
 
 def _round(n: int, to: int) -> int:
@@ -181,7 +173,7 @@ class ArenaAllocator:
         self._spare: list[int] = []
         self._next = 0
         self.outstanding = 0  # bytes of ranges taken
-        self.huge = thp_shmem() in ("always", "within_size", "advise", "force")
+        self.huge = huge_pages_on_shmem()
         self.largest = arena.size
 
     # -- the slot-allocator face the send pool uses -------------------------------------

@@ -60,7 +60,9 @@ __all__ = [
     "memfd_supported",
     "memory_limit",
     "pid_alive",
+    "huge_pages_on_shmem",
     "segment_kind",
+    "thp_shmem",
     "stale_segments",
     "sweep",
     "unlink_segment",
@@ -147,6 +149,65 @@ def memory_limit() -> str:
                 return f"the memory cgroup's limit ({path} = {value} bytes)"
             break
     return "the machine's memory (no memory cgroup limit applies)"
+
+
+_HUGE = 2 << 20
+_MADV_POPULATE_WRITE = 23  # Linux 5.14 (not in Python 3.11's mmap module)
+_SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def thp_shmem() -> str:
+    """The kernel's policy for transparent huge pages on shared memory (the word in
+    brackets in ``shmem_enabled``: ``always``, ``within_size``, ``advise``, ``never``,
+    ``deny``, ``force``), or ``""`` where there is none."""
+    try:
+        with open(_SHMEM_ENABLED) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else ""
+
+
+def huge_pages_on_shmem() -> bool:
+    """May a memory file's mapping ask for transparent huge pages (``MADV_HUGEPAGE``)?
+    Asked at every creation: an administrator may change it while we run."""
+    return thp_shmem() in ("always", "within_size", "advise", "force")
+
+
+def _populate_huge(
+    fd: int, size: int, keep_going: Callable[[], None] | None
+) -> mmap.mmap | None:
+    """Size memory file ``fd``, map it with ``MADV_HUGEPAGE`` and reserve it by faulting
+    every page in (``MADV_POPULATE_WRITE``, in chunks that ask ``keep_going``): the
+    faults take transparent huge pages where the kernel has them, where a reservation
+    with ``posix_fallocate`` would take small pages.  ``None`` when the kernel cannot
+    populate (older than 5.14): the caller reserves the plain way.  Raises
+    :class:`SharedMemoryFull` when the memory cannot be had (an error, never a
+    SIGBUS)."""
+    os.ftruncate(fd, size)
+    buf = mmap.mmap(fd, size)
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE)
+        off = 0
+        while off < size:
+            n = min(_CHUNK, size - off)
+            buf.madvise(_MADV_POPULATE_WRITE, off, n)
+            off += n
+            if keep_going is not None and off < size:
+                keep_going()
+    except OSError as exc:
+        buf.close()
+        if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) and off == 0:
+            os.ftruncate(fd, 0)
+            return None
+        if exc.errno in (errno.ENOMEM, errno.EFAULT, errno.ENOSPC):
+            raise _full(exc, size, "memfd") from None
+        raise SegmentError(f"cannot reserve {size} bytes of a memory file: {exc}") from exc
+    except BaseException:
+        buf.close()
+        raise
+    return buf
 
 
 def unlink_segment(name: str) -> bool:
@@ -291,14 +352,19 @@ class Segment:
             raise SegmentError(f"cannot create a memory file: {exc}") from exc
         try:
             os.fchmod(fd, 0o600)
-            try:
-                _allocate(fd, size, keep_going)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
-                    raise _full(exc, size, "memfd") from None
-                raise SegmentError(f"cannot reserve {size} bytes for {label}: {exc}") from exc
+            buf = None
+            if size >= _HUGE and huge_pages_on_shmem():
+                buf = _populate_huge(fd, size, keep_going)
+            if buf is None:
+                try:
+                    _allocate(fd, size, keep_going)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                        raise _full(exc, size, "memfd") from None
+                    raise SegmentError(f"cannot reserve {size} bytes for {label}: {exc}") from exc
             fcntl.fcntl(fd, _F_ADD_SEALS, SEALS)
-            buf = mmap.mmap(fd, size)
+            if buf is None:
+                buf = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
             raise
