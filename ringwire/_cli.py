@@ -9,15 +9,25 @@
 
 Where the information comes from
 --------------------------------
-ringwire unlinks a segment's name as soon as both sides attached, so a *live*
-connection has no name in ``/dev/shm``.  Its memory is still mapped by the processes
-using it, and ``/proc/<pid>/maps`` still shows those mappings (as
-``/dev/shm/rw.<pid>.<12 hex> (deleted)``).  ``inspect`` scans every process's maps,
-groups the mappings by inode (one inode = one segment, whatever process maps it), and
-reads the segment's header through ``/proc/<pid>/map_files/<start>-<end>`` (allowed for
-root, or with ``CAP_CHECKPOINT_RESTORE``) or, failing that, ``/proc/<pid>/mem`` (allowed
-where ptrace is).  A segment that cannot be read is still listed, with its processes.
-Nothing is written and nothing is mapped: the reads are ``pread`` s of a few headers.
+A segment is a *memory file* (``memfd_create``, the default on Linux) or a *named*
+POSIX segment (``RINGWIRE_SEGMENTS=named``).  A memory file has no name anywhere: it
+travels to the peer as a descriptor and is seen only in ``/proc/<pid>/maps`` and
+``/proc/<pid>/fd`` as ``/memfd:rw.<pid>.<12 hex> (deleted)`` (its label, carrying the
+creator's pid).  A named segment's name is unlinked as soon as both sides attached, so
+a *live* connection has no name in ``/dev/shm`` either, and its mappings show as
+``/dev/shm/rw.<pid>.<12 hex> (deleted)``.  ``inspect`` scans every process's maps and
+descriptors (the descriptors matter: after the handshake only mappings remain, but a
+broadcast writer keeps its segments' descriptors for late joiners, a process holds them
+during a handshake, and the TCP status table keeps its own), groups what it finds by
+inode (one inode = one segment, whatever process maps or holds it), and reads the
+segment's header through a descriptor a process holds (``/proc/<pid>/fd/<n>``), else
+``/proc/<pid>/map_files/<start>-<end>`` (allowed for root, or with
+``CAP_CHECKPOINT_RESTORE``), else ``/proc/<pid>/mem`` (allowed where ptrace is).  A
+segment that cannot be read is still listed, with its processes.  Every segment found
+is listed with its kind (``memfd`` or ``named``), size, creator and the processes that
+map it and that hold a descriptor of it (a Python process holds one for each of its
+mappings: ``mmap.mmap`` keeps a duplicate of the descriptor it mapped).  Nothing is written and nothing is mapped: the
+reads are ``pread`` s of a few headers.
 A process whose ``maps`` cannot be read is named (pid, command, uid, why: the summary
 line, a table, ``"unreadable"`` in ``--json``), since a segment only it maps is missing
 from the report; one of another uid is not counted unless we are root (ringwire connects
@@ -39,7 +49,8 @@ processes of one uid only, so it holds none of our segments).
 * Names still in ``/dev/shm`` are listed with their creator pid (from the name) and
   whether it is alive: a name whose creator is dead is *stale*, and ``cleanup``
   removes it (:func:`ringwire.sweep_segments`; names of live processes are never
-  touched).
+  touched).  Memory files need no cleanup: the kernel frees one when the last process
+  holding or mapping it is gone, so ``cleanup`` only ever looks in ``/dev/shm``.
 
 Exit status: 0 success; 1 ``cleanup --dry-run`` found stale names (``cleanup`` could
 not remove some), or ``/proc`` is unavailable, or ``doctor`` found that the defaults (or
@@ -64,7 +75,7 @@ from ._net import sockdiag
 from ._net.keys import add_command as add_keygen_command
 from ._pool.segment import SHM_DIR, pid_alive, stale_segments, sweep
 from ._wire import netstatus
-from ._wire.names import is_segment_name, name_pid
+from ._wire.names import is_memfd_label, is_segment_name, name_pid
 from ._wire.ring import HEADER_SIZE, HEADER_WORDS, RING_MAGIC, validate_capacity
 from ._wire.slotlayout import (
     FREE,
@@ -85,6 +96,7 @@ _MAPS_LINE = re.compile(
     r"(?P<dev>\S+) (?P<inode>\d+)\s+(?P<path>.*)$"
 )
 _DELETED = " (deleted)"
+_MEMFD = "/memfd:"  # how a memory file's label shows in maps and descriptor links
 
 
 # -- scanning --------------------------------------------------------------------------------
@@ -100,28 +112,59 @@ class Mapping:
     offset: int
     dev: str
     inode: int
-    name: str  # "/rw.<pid>.<hex>"
+    name: str  # "/rw.<pid>.<hex>" (named) or "memfd:rw.<pid>.<hex>" (a memory file's label)
     deleted: bool
+    kind: str = "named"  # or "memfd"
 
 
-def parse_maps_line(pid: int, line: str) -> Mapping | None:
-    """A ``/proc/<pid>/maps`` line that maps a ringwire segment, else ``None``."""
-    m = _MAPS_LINE.match(line.rstrip("\n"))
-    if m is None:
-        return None
-    path = m["path"]
+@dataclass(frozen=True)
+class Holder:
+    """One descriptor of a ringwire segment held by one process."""
+
+    pid: int
+    fd: int
+    dev: str
+    inode: int
+    name: str
+    deleted: bool
+    kind: str
+
+
+def parse_segment_path(path: str) -> tuple[str, str, bool] | None:
+    """``(name, kind, deleted)`` for the path of a ringwire segment as ``/proc`` shows it
+    (a maps line's path, a descriptor's link): ``/dev/shm/rw.<pid>.<hex>[ (deleted)]``
+    is ``("/rw.<pid>.<hex>", "named", ...)``, ``/memfd:rw.<pid>.<hex> (deleted)`` is
+    ``("memfd:rw.<pid>.<hex>", "memfd", True)``; anything else ``None``."""
     deleted = path.endswith(_DELETED)
     if deleted:
         path = path[: -len(_DELETED)]
-    if not path.startswith(SHM_DIR + "/"):
+    if path.startswith(SHM_DIR + "/"):
+        name = path[len(SHM_DIR) :]
+        return (name, "named", deleted) if is_segment_name(name) else None
+    if path.startswith(_MEMFD):
+        label = path[1:]
+        return (label, "memfd", True) if is_memfd_label(label) else None
+    return None
+
+
+def parse_maps_line(pid: int, line: str) -> Mapping | None:
+    """A ``/proc/<pid>/maps`` line that maps a ringwire segment (named or a memory
+    file), else ``None``."""
+    m = _MAPS_LINE.match(line.rstrip("\n"))
+    if m is None:
         return None
-    name = path[len(SHM_DIR) :]
-    if not is_segment_name(name):
+    found = parse_segment_path(m["path"])
+    if found is None:
         return None
+    name, kind, deleted = found
     return Mapping(
         pid, int(m["start"], 16), int(m["end"], 16), int(m["offset"], 16), m["dev"],
-        int(m["inode"]), name, deleted,
+        int(m["inode"]), name, deleted, kind,
     )  # fmt: skip
+
+
+def _is_candidate(text: str) -> bool:
+    return "/rw." in text or _MEMFD + "rw." in text
 
 
 def _pids(proc: str) -> list[int]:
@@ -146,7 +189,7 @@ def _mappings(proc: str, pids: Sequence[int]) -> tuple[list[Mapping], list[dict[
     for pid in pids:
         try:
             with open(f"{proc}/{pid}/maps", encoding="utf-8", errors="replace") as f:
-                lines = [line for line in f if "/rw." in line]
+                lines = [line for line in f if _is_candidate(line)]
         except FileNotFoundError:
             continue  # exited meanwhile
         except OSError as exc:
@@ -160,6 +203,44 @@ def _mappings(proc: str, pids: Sequence[int]) -> tuple[list[Mapping], list[dict[
             if mapping is not None:
                 found.append(mapping)
     return found, unreadable
+
+
+def _dev(st_dev: int) -> str:
+    """``st_dev`` as ``/proc/<pid>/maps`` writes a device (``%02x:%02x``)."""
+    return f"{os.major(st_dev):02x}:{os.minor(st_dev):02x}"
+
+
+def _descriptors(proc: str, pids: Sequence[int]) -> list[Holder]:
+    """Every descriptor of a ringwire segment that a readable process holds (a memory
+    file not yet passed on or kept for late joiners; a named segment's kept descriptor).
+    A process whose ``fd`` directory cannot be read is skipped: its ``maps`` (read by
+    :func:`_mappings`, which names unreadable processes) says the rest."""
+    found: list[Holder] = []
+    for pid in pids:
+        base = f"{proc}/{pid}/fd"
+        try:
+            fds = os.listdir(base)
+        except OSError:
+            continue
+        for entry in fds:
+            if not entry.isdigit():
+                continue
+            try:
+                target = os.readlink(f"{base}/{entry}")
+            except OSError:
+                continue  # closed meanwhile
+            if not _is_candidate(target):
+                continue
+            parsed = parse_segment_path(target)
+            if parsed is None:
+                continue
+            try:
+                st = os.stat(f"{base}/{entry}")
+            except OSError:
+                continue
+            name, kind, deleted = parsed
+            found.append(Holder(pid, int(entry), _dev(st.st_dev), st.st_ino, name, deleted, kind))
+    return found
 
 
 def _comm(proc: str, pid: int) -> str | None:
@@ -189,21 +270,37 @@ def _fd_reader(fd: int) -> Reader:
     return lambda off, n: os.pread(fd, n, off)
 
 
-def _open_reader(proc: str, maps: Sequence[Mapping]) -> tuple[Reader, int, Any] | str:
+def _open_reader(
+    proc: str, maps: Sequence[Mapping], holders: Sequence[Holder] = ()
+) -> tuple[Reader, int, Any] | str:
     """A ``read(offset, n)`` over the segment's bytes, its size and a closer; or why
-    none of the mappings could be read."""
-    why = "no mapping"
+    none of the descriptors and mappings could be read."""
+    why = "no mapping or descriptor"
+    held = ""  # why no descriptor could be read, if one was tried
+    for h in holders:  # a descriptor a process holds: the file itself, whole
+        try:
+            fd = os.open(f"{proc}/{h.pid}/fd/{h.fd}", os.O_RDONLY)
+        except OSError as exc:
+            why = held = f"fd: {exc.strerror}; "
+            continue
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as exc:
+            os.close(fd)
+            why = held = f"fd: {exc.strerror}; "
+            continue
+        return _fd_reader(fd), size, lambda fd=fd: os.close(fd)
     for mp in maps:
         try:  # the mapped file itself
             fd = os.open(f"{proc}/{mp.pid}/map_files/{mp.start:x}-{mp.end:x}", os.O_RDONLY)
         except OSError as exc:
-            why = f"map_files: {exc.strerror}"
+            why = f"{held}map_files: {exc.strerror}"
         else:
             try:
                 size = os.fstat(fd).st_size
             except OSError as exc:
                 os.close(fd)
-                why = f"map_files: {exc.strerror}"
+                why = f"{held}map_files: {exc.strerror}"
                 continue
             return _fd_reader(fd), size, lambda fd=fd: os.close(fd)
         try:  # the process's memory
@@ -228,7 +325,7 @@ def _open_reader(proc: str, maps: Sequence[Mapping]) -> tuple[Reader, int, Any] 
             why = f"{why}; mem: {exc.strerror}"
             continue
         return read_mem, mp.offset + mp.end - mp.start, lambda fd=fd: os.close(fd)
-    return why
+    return why.rstrip("; ")
 
 
 def _read_exact(read: Reader, off: int, n: int) -> bytes:
@@ -339,20 +436,38 @@ def _read_tcp(read: Reader, size: int) -> list[dict[str, Any]]:
 @dataclass
 class _Segment:
     name: str
+    kind: str  # "memfd" or "named"
     maps: list[Mapping] = field(default_factory=list)
+    holders: list[Holder] = field(default_factory=list)
+
+
+_SEGMENT_FIELDS = (
+    "segment", "segment_kind", "size", "kind", "creator_pid", "creator_alive", "mapped_by",
+    "held_by", "unlinked",
+)  # fmt: skip
+"""The fields of each entry of ``segments`` in the report: every segment found."""
 
 
 def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> dict[str, Any]:
     """What ``inspect`` reports, as plain data (the ``--json`` output).
 
-    ``pid``: only segments that process maps or created.
+    ``pid``: only segments that process maps, holds or created.  ``segments`` lists
+    every segment found (``segment_kind``: ``"memfd"`` or ``"named"``; ``kind``: what
+    it holds: ``rings``, ``slots``, ``tcp``, ``unknown`` or ``unreadable``); the
+    sections ``connections``, ``tcp_connections``, ``pools`` and ``other_segments``
+    say what is in them.  Raises ``OSError`` when ``proc`` is not a Linux ``/proc``.
     """
     if not os.path.isdir(proc) or not os.path.exists(f"{proc}/self"):
         raise OSError(f"{proc} is not available: inspect needs Linux /proc")
-    maps, unreadable = _mappings(proc, _pids(proc))
+    pids_here = _pids(proc)
+    maps, unreadable = _mappings(proc, pids_here)
     segments: dict[tuple[str, int, str], _Segment] = {}
     for mp in maps:
-        segments.setdefault((mp.dev, mp.inode, mp.name), _Segment(mp.name)).maps.append(mp)
+        key = (mp.dev, mp.inode, mp.name)
+        segments.setdefault(key, _Segment(mp.name, mp.kind)).maps.append(mp)
+    for h in _descriptors(proc, pids_here):
+        key = (h.dev, h.inode, h.name)
+        segments.setdefault(key, _Segment(h.name, h.kind)).holders.append(h)
 
     processes: dict[int, dict[str, Any]] = {}
 
@@ -365,27 +480,34 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
     tcp: list[dict[str, Any]] = []
     pools: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []
+    listed: list[dict[str, Any]] = []
     mapped_names: dict[str, list[int]] = {}
     for seg in sorted(segments.values(), key=lambda s: (name_pid(s.name), s.name)):
         creator = name_pid(seg.name)
-        pids = sorted({m.pid for m in seg.maps})
+        mapped_by = sorted({m.pid for m in seg.maps})
+        held_by = sorted({h.pid for h in seg.holders})
+        pids = sorted({*mapped_by, *held_by})
         if pid is not None and pid != creator and pid not in pids:
             continue
         for p in pids:
             proc_info(p)
         entry: dict[str, Any] = {
             "segment": seg.name.lstrip("/"),
+            "segment_kind": seg.kind,
             "creator_pid": creator,
             "creator_alive": proc_info(creator)["alive"],
-            "unlinked": all(m.deleted for m in seg.maps),
+            "unlinked": all(m.deleted for m in seg.maps) and all(h.deleted for h in seg.holders),
             "pids": pids,
+            "mapped_by": mapped_by,
+            "held_by": held_by,
             "size": None,
             "kind": "unreadable",
             "error": None,
         }
+        listed.append(entry)
         if not entry["unlinked"]:
             mapped_names.setdefault(seg.name, []).extend(pids)
-        opened = _open_reader(proc, seg.maps)
+        opened = _open_reader(proc, seg.maps, seg.holders)
         if isinstance(opened, str):
             entry["error"] = opened
             others.append(entry)
@@ -470,6 +592,7 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
         "tcp_connections": tcp,
         "pools": pools,
         "other_segments": others,
+        "segments": [{k: e[k] for k in _SEGMENT_FIELDS} for e in listed],
         "names": names,
         "processes": [processes[p] for p in sorted(processes)],
         "unreadable_processes": len(unreadable),
@@ -576,6 +699,7 @@ def _sections(report: dict[str, Any]) -> list[Section]:
         rows = [
             [
                 o["segment"],
+                o["segment_kind"],
                 _who(report, o["creator_pid"]),
                 ", ".join(map(str, o["pids"])),
                 o["kind"],
@@ -583,7 +707,22 @@ def _sections(report: dict[str, Any]) -> list[Section]:
             ]
             for o in report["other_segments"]
         ]
-        out.append(("Other segments", ["SEGMENT", "CREATED BY", "MAPPED BY", "KIND", "NOTE"], rows))
+        headers = ["SEGMENT", "KIND", "CREATED BY", "USED BY", "CONTENT", "NOTE"]
+        out.append(("Other segments", headers, rows))
+    rows = [
+        [
+            g["segment"],
+            g["segment_kind"],
+            _size(g["size"]),
+            g["kind"],
+            _who(report, g["creator_pid"]),
+            ", ".join(map(str, g["mapped_by"])) or "-",
+            ", ".join(map(str, g["held_by"])) or "-",
+        ]
+        for g in report.get("segments", [])
+    ]
+    headers = ["SEGMENT", "KIND", "SIZE", "CONTENT", "CREATED BY", "MAPPED BY", "HELD BY"]
+    out.append(("Segments (memory files and named)", headers, rows))
     rows = []
     for n in report["names"]:
         state = (
@@ -604,7 +743,7 @@ def _sections(report: dict[str, Any]) -> list[Section]:
             ]
         )
     out.append(
-        (f"Names in {SHM_DIR}", ["NAME", "CREATOR", "SIZE", "KIND", "MAPPED BY", "STATE"], rows)
+        (f"Names in {SHM_DIR}", ["NAME", "CREATOR", "SIZE", "CONTENT", "MAPPED BY", "STATE"], rows)
     )
     if report["unreadable"]:
         rows = [
@@ -633,6 +772,13 @@ def _summary(report: dict[str, Any]) -> str:
         f"{n(len(report['pools']), 'slot pool')}, "
         f"{n(len(report['names']), 'name')} in {SHM_DIR} ({stale} stale)"
     )
+    segments = report.get("segments", [])
+    if segments:
+        memfd = sum(1 for g in segments if g["segment_kind"] == "memfd")
+        text += (
+            f"; {n(len(segments), 'segment')} in use ({n(memfd, 'memory file')}, "
+            f"{len(segments) - memfd} named)"
+        )
     unreadable = report["unreadable"]
     if unreadable:
         text += f"; {n(len(unreadable), 'process')} not readable"
@@ -670,8 +816,8 @@ def render_rich(report: dict[str, Any], file: TextIO) -> None:
             console.print(Text(f"{title}: none", style="dim"))
             continue
         table = Table(title=title, title_justify="left")
-        for h in headers:
-            table.add_column(h)
+        for h in headers:  # a segment's name whole on one line: it is what one copies
+            table.add_column(h, no_wrap=h in ("SEGMENT", "NAME"))
         for row in rows:
             table.add_row(*(Text(cell) for cell in row))  # process names are not markup
         console.print(table)
@@ -700,6 +846,12 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+_MEMFD_NOTE = (
+    "memory files (the default segments, memfd) need no cleanup: the kernel frees each "
+    "one when the last process holding or mapping it exits"
+)
+
+
 def _cleanup(args: argparse.Namespace, out: TextIO) -> int:
     stale = stale_segments()
     sizes: dict[str, int | None] = {}
@@ -721,6 +873,7 @@ def _cleanup(args: argparse.Namespace, out: TextIO) -> int:
                 "stale": [n.lstrip("/") for n in stale],
                 "removed": [n.lstrip("/") for n in removed],
                 "left": [n.lstrip("/") for n in left],
+                "memory_files": _MEMFD_NOTE,
             },
             out,
             indent=2,
@@ -738,6 +891,7 @@ def _cleanup(args: argparse.Namespace, out: TextIO) -> int:
                 out.write(f"could not remove {name.lstrip('/')}\n")
         if not stale:
             out.write(f"nothing to clean up in {SHM_DIR}\n")
+        out.write(_MEMFD_NOTE + "\n")
     return 1 if left else 0
 
 
@@ -751,20 +905,24 @@ def _parser() -> argparse.ArgumentParser:
         "inspect",
         help="live segments and connections: owner pid, alive or dead, ring fill, slots in use",
         description=(
-            "List ringwire shared-memory segments mapped by processes on this host (live "
-            f"connections, whose names are already unlinked) and names left in {SHM_DIR}."
+            "List ringwire shared-memory segments mapped or held by processes on this "
+            "host -- memory files (memfd) and named segments, whose names are unlinked "
+            f"once both sides attached -- and names left in {SHM_DIR}."
         ),
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plain", action="store_true", help="plain text even on a terminal")
-    p.add_argument("--pid", type=int, help="only segments this process maps or created")
+    p.add_argument("--pid", type=int, help="only segments this process maps, holds or created")
     p.set_defaults(func=_inspect)
     c = sub.add_parser(
         "cleanup",
         help=f"remove {SHM_DIR} names whose creator process is dead",
         description=(
             f"Remove ringwire names in {SHM_DIR} (ours, rw.<pid>.<hex>) whose creator "
-            "process is dead.  Names of live processes are never touched.  Exit status 1: "
+            "process is dead.  Names of live processes are never touched.  Memory files "
+            "(the default segments on Linux) need no cleanup: the kernel frees one when "
+            "the last process holding it exits; only named segments "
+            "(RINGWIRE_SEGMENTS=named) can be left behind.  Exit status 1: "
             "stale names remain (with --dry-run: there are stale names to remove)."
         ),
     )

@@ -13,10 +13,15 @@ check returns a :class:`Check`: ``status`` is one of
 The checks, by key (the keys and the four fields ``status``, ``detail``, ``fix``,
 ``facts`` of ``--json`` are stable; ``facts`` holds the numbers behind ``detail``):
 
-``segments``      the kind of shared-memory segment this build creates (:func:`segment_kind`)
-``shm``           ``/dev/shm``: size, free space, how many default connections it holds
-``memory_limit``  the memory cgroup's limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``)
-``huge_pages``    reserved huge pages and transparent huge pages for shared memory
+``segments``      the kind of segment this process creates (:func:`segment_kind`): memory
+                  files (``memfd``), or named POSIX segments and why (``RINGWIRE_SEGMENTS``
+                  set, or no sealed memory files here)
+``shm``           ``/dev/shm``: size, free space, how many default connections it holds;
+                  informational (``ok``, "not used") when segments are memory files
+``memory_limit``  the memory cgroup's limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``):
+                  what memory files (and ``/dev/shm``) are charged to
+``huge_pages``    reserved huge pages (``MFD_HUGETLB`` memory files could use them) and
+                  transparent huge pages for shared memory (``shmem_enabled``)
 ``native``        the C ring (``ringwire.native``) or why not
 ``torch``         torch's version                    (probed in a child process)
 ``cuda``          CUDA devices, and whether CUDA IPC (Ext 5) can work (same child)
@@ -24,8 +29,12 @@ The checks, by key (the keys and the four fields ``status``, ``detail``, ``fix``
 ``curve``         pyzmq, libzmq and whether libzmq has CURVE
 
 Exit status (:func:`exit_status`): 1 when a check the *defaults* need fails
-(``segments``, ``shm``: a default ``connect()`` would fail) or when a capability named
-with ``--need`` is not ``ok``; else 0.  (2: bad usage, from argparse.)
+(``segments``, ``shm``, ``memory_limit``: a default ``connect()`` would fail) or when a
+capability named with ``--need`` is not ``ok``; else 0.  (2: bad usage, from argparse.)
+``shm`` fails only for named segments (memory files do not live in ``/dev/shm``);
+``memory_limit`` fails only for memory files, when the limit cannot hold one default
+connection at all (named segments in ``/dev/shm`` are charged to it too, but then
+``/dev/shm``'s size is the limit that speaks first: it only warns).
 
 Nothing here initialises CUDA or UCX in this process: torch and NIXL are probed in
 child processes bounded by :data:`PROBE_TIMEOUT` (:mod:`ringwire._probes`: a broken
@@ -49,6 +58,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import _probes as probes
+from ._errors import SegmentError
+from ._pool.segment import ENV_KIND, memfd_supported, segment_kind
+from ._pool.segment import memory_limit as memory_file_limit
 
 __all__ = [
     "CHECKS",
@@ -79,7 +91,7 @@ __all__ = [
     "unmet",
 ]
 
-SHM_DIR = "/dev/shm"  # where named segments live (ringwire._shm.segment.SHM_DIR)
+SHM_DIR = "/dev/shm"  # where named segments live (ringwire._pool.segment.SHM_DIR)
 PROBE_TIMEOUT = 30.0
 """Seconds a child probe (torch and CUDA; NIXL and UCX) may take before it is killed."""
 
@@ -87,7 +99,7 @@ STATUSES = ("ok", "warn", "fail", "absent")
 CHECKS = (
     "segments", "shm", "memory_limit", "huge_pages", "native", "torch", "cuda", "nixl", "curve",
 )  # fmt: skip
-DEFAULT_CHECKS = ("segments", "shm")
+DEFAULT_CHECKS = ("segments", "shm", "memory_limit")
 """What a default ``connect()`` depends on: one of these failing is exit status 1."""
 NEEDS = {
     "native": "native",
@@ -143,22 +155,39 @@ def human(n: int | float) -> str:
 # -- segments ---------------------------------------------------------------------------
 
 
-def segment_kind() -> str:
-    """The kind of segment this build creates: ``"named"`` (POSIX shared memory with a
-    name in ``/dev/shm``, through ``posix_ipc``) or ``"memfd"`` (memory files passed
-    over the control socket).  The one place to change when the segment code does."""
-    return "named"
-
-
-def check_segments(kind: str, memfd: str | None, posix_ipc_error: str | None) -> Check:
-    """``kind`` from :func:`segment_kind`; ``memfd`` from :func:`memfd_support`;
-    ``posix_ipc_error`` why ``import posix_ipc`` failed (``None``: it imports)."""
-    offered = "available on this kernel" if memfd is None else f"not available here: {memfd}"
-    facts = {"kind": kind, "memfd_available": memfd is None, "memfd_reason": memfd or ""}
+def check_segments(
+    kind: str | None,
+    memfd: str | None,
+    posix_ipc_error: str | None,
+    requested: str = "",
+    error: str | None = None,
+    limit: str = "",
+) -> Check:
+    """``kind``: what :func:`segment_kind` (:func:`ringwire._pool.segment.segment_kind`)
+    returned, ``None`` when it raised (``error`` is its message); ``memfd``: ``None``
+    where sealed memory files work here, else why not (:func:`_probes.memfd_support`);
+    ``posix_ipc_error``: why ``import posix_ipc`` failed (``None``: it imports);
+    ``requested``: the ``RINGWIRE_SEGMENTS`` environment variable (``""``: unset);
+    ``limit``: words for the limit memory files run into
+    (:func:`ringwire._pool.segment.memory_limit`, what a ``SharedMemoryFull`` names)."""
+    offered = "available here" if memfd is None else f"not available here: {memfd}"
+    facts = {
+        "kind": kind, "memfd_available": memfd is None, "memfd_reason": memfd or "",
+        "requested": requested, "memory_limit": limit,
+    }  # fmt: skip
+    if kind is None:
+        return Check(
+            "segments", "fail", f"no segment kind: {error}",
+            f"unset {ENV_KIND} (or set it to memfd, named or auto)", facts,
+        )  # fmt: skip
     if kind == "memfd":
         if memfd is not None:
-            return Check("segments", "fail", f"memory files, but {offered}", "", facts)
-        return Check("segments", "ok", "memory files (memfd_create), no names in /dev/shm",
+            return Check("segments", "fail", f"memory files, but {offered}",
+                         f"unset {ENV_KIND} to use named segments in {SHM_DIR}",
+                         facts)  # fmt: skip
+        bound = f"; they count against {limit}" if limit else ""
+        return Check("segments", "ok", "memory files (memfd_create, sealed, passed over the "
+                     f"control socket): no names in {SHM_DIR}, nothing to clean up{bound}",
                      facts=facts)  # fmt: skip
     if posix_ipc_error is not None:
         return Check(
@@ -167,12 +196,14 @@ def check_segments(kind: str, memfd: str | None, posix_ipc_error: str | None) ->
             "pip install --force-reinstall posix_ipc (it needs a C compiler where no wheel fits)",
             facts,
         )  # fmt: skip
-    used = "not used by this build" if memfd is None else "not used by this build either"
-    return Check(
-        "segments", "ok",
-        f"named POSIX segments in {SHM_DIR} (memory files: {offered}, {used})",
-        facts=facts,
-    )  # fmt: skip
+    if requested.strip().lower() == "named":
+        why = f", as {ENV_KIND}={requested} asks (memory files: {offered})"
+    elif memfd is not None:
+        why = f": memory files are {offered}"
+    else:
+        why = f" (memory files: {offered})"
+    return Check("segments", "ok", f"named POSIX segments in {SHM_DIR}{why}",
+                 facts=facts)  # fmt: skip
 
 
 # -- /dev/shm ----------------------------------------------------------------------------
@@ -200,9 +231,11 @@ def default_footprint() -> dict[str, Any]:
     }
 
 
-def check_shm(stat: Any, footprint: dict[str, Any], kind: str = "named") -> Check:
+def check_shm(stat: Any, footprint: dict[str, Any], kind: str | None = "named") -> Check:
     """``stat``: ``os.statvfs(SHM_DIR)`` (anything with ``f_frsize``, ``f_blocks``,
-    ``f_bavail``), or the ``OSError`` it raised; ``footprint``: :func:`default_footprint`."""
+    ``f_bavail``), or the ``OSError`` it raised; ``footprint``: :func:`default_footprint`;
+    ``kind``: the segment kind (memory files do not use ``/dev/shm``: then this check
+    only informs, with the numbers; ``None``, no kind, is judged as named)."""
     need = int(footprint["bytes"])
     what = (
         f"a default connection reserves {human(need)} (rings {human(footprint['rings'])} + "
@@ -211,22 +244,25 @@ def check_shm(stat: Any, footprint: dict[str, Any], kind: str = "named") -> Chec
     )
     if isinstance(stat, OSError):
         if kind == "memfd":
-            return Check("shm", "ok", f"{SHM_DIR} not used (memory files): {stat.strerror}")
+            return Check("shm", "ok", f"not used: memory files ({SHM_DIR} cannot be read: "
+                         f"{stat.strerror or stat})", facts={"used": False,
+                         "footprint": need})  # fmt: skip
         return Check(
             "shm", "fail", f"{SHM_DIR} cannot be read: {stat.strerror or stat}",
             "mount a tmpfs there: mount -t tmpfs -o size=1g tmpfs /dev/shm "
             "(containers: docker run --shm-size=1g, or --ipc=host)",
-            {"footprint": need},
+            {"used": True, "footprint": need},
         )  # fmt: skip
     size = stat.f_frsize * stat.f_blocks
     free = stat.f_frsize * stat.f_bavail
     fits = free // need if need else 0
     fits_empty = size // need if need else 0
-    facts = {"size": size, "free": free, "footprint": need, "fits": fits,
-             "fits_when_empty": fits_empty}  # fmt: skip
+    facts = {"used": kind != "memfd", "size": size, "free": free, "footprint": need,
+             "fits": fits, "fits_when_empty": fits_empty}  # fmt: skip
     head = f"{human(size)}, {human(free)} free; {what}"
     if kind == "memfd":
-        return Check("shm", "ok", f"{head}; not used by memory-file segments", facts=facts)
+        return Check("shm", "ok", f"not used: memory files; {head}; named segments "
+                     f"({ENV_KIND}=named) would have room for {fits}", facts=facts)  # fmt: skip
     fix = (
         "give /dev/shm more room: docker run --shm-size=1g (or --ipc=host); Kubernetes: "
         "an emptyDir with medium: Memory mounted at /dev/shm (sizeLimit: 1Gi); on a host: "
@@ -335,19 +371,34 @@ def memory_limit(cgroup: str, mountinfo: str) -> dict[str, Any]:
     return {"version": None, "limit": None, "usage": None, "where": ""}
 
 
-def check_memory_limit(reading: dict[str, Any], footprint: dict[str, Any]) -> Check:
-    """``reading`` from :func:`memory_limit`.  Shared memory is charged to the memory
-    cgroup of the process that first touches it, like any memory."""
+def check_memory_limit(
+    reading: dict[str, Any], footprint: dict[str, Any], kind: str | None = "named"
+) -> Check:
+    """``reading`` from :func:`memory_limit`; ``kind``: the segment kind.  Shared memory
+    is charged to the memory cgroup of the process that first touches it, like any
+    memory: for memory files (``kind="memfd"``) this is *the* limit, and one that cannot
+    hold a default connection at all fails."""
     limit, usage, version = reading["limit"], reading["usage"], reading["version"]
     facts = dict(reading)
+    charged = "; memory files count against the machine's memory" if kind == "memfd" else ""
     if version is None:
-        return Check("memory_limit", "ok", "none (no memory cgroup found)", facts=facts)
+        return Check("memory_limit", "ok", f"none (no memory cgroup found){charged}", facts=facts)
     used = "" if usage is None else f", {human(usage)} in use"
     if limit is None:
-        return Check("memory_limit", "ok", f"none (cgroup v{version}{used})", facts=facts)
+        return Check("memory_limit", "ok", f"none (cgroup v{version}{used}){charged}", facts=facts)
     detail = f"{human(limit)} (cgroup v{version} {reading['where']}{used})"
     left = limit - (usage or 0)
-    if left < int(footprint["bytes"]):
+    need = int(footprint["bytes"])
+    if kind == "memfd" and limit < need:
+        return Check(
+            "memory_limit", "fail",
+            f"{detail}: cannot hold one default connection ({human(need)}) in memory files",
+            "raise the limit: docker run --memory=..., Kubernetes resources.limits.memory; "
+            "or make each connection smaller: slots=SlotConfig(classes=(SlotClass(1 << 20, "
+            "8),)), or slots=None (arrays inline)",
+            facts,
+        )  # fmt: skip
+    if left < need:
         return Check(
             "memory_limit", "warn",
             f"{detail}: {human(max(left, 0))} left, less than a default connection "
@@ -355,6 +406,8 @@ def check_memory_limit(reading: dict[str, Any], footprint: dict[str, Any]) -> Ch
             "raise the limit: docker run --memory=..., Kubernetes resources.limits.memory",
             facts,
         )  # fmt: skip
+    if kind == "memfd":
+        detail += "; memory files count against it"
     return Check("memory_limit", "ok", detail, facts=facts)
 
 
@@ -372,8 +425,15 @@ def _meminfo(text: str) -> dict[str, int]:
     return out
 
 
+_THP_SHMEM = ("always", "within_size", "advise", "force")
+"""``shmem_enabled`` settings under which shared memory (memory files, which live in
+the kernel's internal mount that this setting governs) can get transparent huge pages
+(``advise``: where ``madvise(MADV_HUGEPAGE)`` asks); ``never`` and ``deny`` cannot."""
+
+
 def check_huge_pages(meminfo: str, shmem_enabled: str | None) -> Check:
-    """``meminfo``: the text of ``/proc/meminfo``; ``shmem_enabled``: of
+    """``meminfo``: the text of ``/proc/meminfo`` (``HugePages_Total``, ``_Free``: the
+    reserved pages ``MFD_HUGETLB`` takes); ``shmem_enabled``: of
     ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` (``None``: no such file)."""
     info = _meminfo(meminfo)
     total, free = info.get("HugePages_Total", 0), info.get("HugePages_Free", 0)
@@ -382,13 +442,21 @@ def check_huge_pages(meminfo: str, shmem_enabled: str | None) -> Check:
     if shmem_enabled is not None:
         words = shmem_enabled.split()
         thp = next((w[1:-1] for w in words if w.startswith("[")), None)
-    facts = {"reserved": total, "free": free, "page_size": size, "shmem_thp": thp}
-    thp_text = "no THP" if thp is None else f"transparent huge pages for shared memory: {thp}"
+    thp_possible = thp in _THP_SHMEM
+    facts = {"reserved": total, "free": free, "page_size": size, "shmem_thp": thp,
+             "shmem_thp_possible": thp_possible}  # fmt: skip
+    if thp is None:
+        thp_text = "no transparent huge pages for shared memory"
+    else:
+        thp_text = (
+            f"transparent huge pages for shared memory (memory files): {thp}, "
+            f"{'possible' if thp_possible else 'not possible'}"
+        )
     detail = (
-        f"{total} reserved ({free} free) of {human(size) if size else '?'}; {thp_text}; "
-        "not used by this build"
+        f"{total} reserved ({free} free) of {human(size) if size else '?'} (what "
+        f"MFD_HUGETLB memory files would take); {thp_text}; not used by this build"
     )
-    usable = free > 0 or thp in ("always", "within_size", "advise", "force")
+    usable = free > 0 or thp_possible
     if usable:
         return Check("huge_pages", "ok", detail, facts=facts)
     return Check(
@@ -606,7 +674,15 @@ def gather(
         else None
     )
     try:
-        kind = segment_kind()
+        requested = os.environ.get(ENV_KIND, "")
+        kind_error = None
+        try:
+            kind: str | None = segment_kind()
+        except SegmentError as exc:
+            kind, kind_error = None, str(exc)
+        memfd = None if memfd_supported() else (
+            probes.memfd_support() or "ringwire's own sealed memory file failed"
+        )  # fmt: skip
         try:
             import posix_ipc  # noqa: F401
 
@@ -619,11 +695,12 @@ def gather(
         except OSError as exc:
             stat = exc
         checks = [
-            check_segments(kind, probes.memfd_support(), posix_error),
+            check_segments(kind, memfd, posix_error, requested, kind_error, memory_file_limit()),
             check_shm(stat, footprint, kind),
             check_memory_limit(
                 memory_limit(_read("/proc/self/cgroup") or "", _read("/proc/self/mountinfo") or ""),
                 footprint,
+                kind,
             ),
             check_huge_pages(
                 _read("/proc/meminfo") or "",
@@ -729,13 +806,15 @@ def add_command(sub: Any) -> None:
         help="what this machine will use (segments, /dev/shm, limits, C ring, torch, CUDA, "
         "NIXL, CURVE) and what to fix",
         description=(
-            "Check this machine for ringwire: the segment kind, /dev/shm's size and free "
-            "space against what a default connection reserves, the memory cgroup's limit, "
-            "huge pages, the C ring, torch and CUDA (devices, IPC), NIXL and the UCX "
+            "Check this machine for ringwire: the segment kind (memory files, or named "
+            "segments in /dev/shm and why), /dev/shm's size and free space against what a "
+            "default connection reserves (informational with memory files), the memory "
+            "cgroup's limit (what memory files count against), huge pages, the C ring, torch and CUDA (devices, IPC), NIXL and the UCX "
             "transports it reaches, libzmq with CURVE; each problem with its fix.  torch "
             "and NIXL are probed in child processes, killed after --timeout seconds.  "
-            "Exit status 1 when the defaults cannot work here (no shared memory, or "
-            f"{SHM_DIR} cannot hold one default connection) or when a capability named "
+            "Exit status 1 when the defaults cannot work here (no shared memory; named "
+            f"segments and {SHM_DIR} cannot hold one default connection; memory files and "
+            "the memory limit cannot) or when a capability named "
             "with --need is not ok; else 0: optional capabilities that are absent are "
             "reported, not errors.  2: bad usage."
         ),

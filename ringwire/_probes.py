@@ -21,23 +21,25 @@ __all__ = ["NIXL_PROBE", "TORCH_PROBE", "collect", "memfd_support", "start"]
 
 
 def memfd_support() -> str | None:
-    """``None`` when this kernel offers ``memfd_create`` with sealing (``F_SEAL_SHRINK``),
-    else why not.  Creates and closes one empty memory file."""
+    """``None`` when this kernel offers ``memfd_create`` with the seals ringwire puts on
+    every memory file (:data:`ringwire._pool.segment.SEALS`: no shrinking, no growing,
+    no more seals), else why not.  Creates and closes one empty memory file."""
     create = getattr(os, "memfd_create", None)
     if create is None:
         return f"os.memfd_create is not available ({sys.platform})"
     import fcntl
 
+    from ._pool.segment import SEALS
+
     add_seals = getattr(fcntl, "F_ADD_SEALS", None)
-    seal_shrink = getattr(fcntl, "F_SEAL_SHRINK", None)
-    if add_seals is None or seal_shrink is None:
-        return "fcntl has no F_ADD_SEALS / F_SEAL_SHRINK"
+    if add_seals is None:
+        return "fcntl has no F_ADD_SEALS"
     try:
         fd = create("ringwire-doctor", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     except OSError as exc:
         return f"memfd_create failed: {exc}"
     try:
-        fcntl.fcntl(fd, add_seals, seal_shrink)
+        fcntl.fcntl(fd, add_seals, SEALS)
     except OSError as exc:
         return f"sealing a memory file failed: {exc}"
     finally:

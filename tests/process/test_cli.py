@@ -18,7 +18,14 @@ from support.shmns import private_tmpfs_refused
 
 import ringwire
 from ringwire import _cli
-from ringwire._pool.segment import SHM_DIR, Segment, stale_segments, unlink_segment
+from ringwire._pool.segment import (
+    SHM_DIR,
+    Segment,
+    memfd_supported,
+    segment_kind,
+    stale_segments,
+    unlink_segment,
+)
 from ringwire._wire.ring import frame_size
 
 pytestmark = pytest.mark.multiprocess  # every test here starts a process
@@ -32,6 +39,14 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ringwire", *args], capture_output=True, text=True, timeout=60
     )
+
+
+def cli_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """:func:`cli` with ``env`` added to the environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "ringwire", *args], capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, **env),
+    )  # fmt: skip
 
 
 def dead_pid() -> int:
@@ -190,7 +205,8 @@ def check_cleanup() -> None:
     dead = dead_pid()
     stale = f"/rw.{dead}.{os.urandom(6).hex()}"
     posix_ipc.SharedMemory(stale, posix_ipc.O_CREX, mode=0o600, size=4096).close_fd()
-    live = Segment.create(4096)  # ours, named, mapped: a live process's name
+    live = Segment.create(4096, kind="named")  # ours, named, mapped: a live process's name
+    memfd = Segment.create(4096) if memfd_supported() else None  # no name: nothing to clean
 
     def still_there() -> None:
         if not os.path.exists(SHM_DIR + stale):
@@ -209,6 +225,10 @@ def check_cleanup() -> None:
         assert s["mapped_by"] == [] and s["size"] == 4096
         assert (lv["creator_pid"], lv["creator_alive"], lv["stale"]) == (os.getpid(), True, False)
         assert lv["mapped_by"] == [os.getpid()]
+        if memfd is not None:  # listed as a segment, never as a name
+            [m] = [g for g in report["segments"] if g["segment"] == memfd.name]
+            assert m["segment_kind"] == "memfd" and m["size"] == 4096
+            assert memfd.name not in names and memfd.name[len("memfd:") :] not in names
 
         dry = cli("cleanup", "--dry-run")
         still_there()
@@ -225,15 +245,43 @@ def check_cleanup() -> None:
             raise Vanished
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"removed {stale[1:]}" in done.stdout and live.name[1:] not in done.stdout
+        assert "memory files (the default segments, memfd) need no cleanup" in done.stdout
+        if memfd is not None:
+            assert memfd.name not in done.stdout
         assert not os.path.exists(SHM_DIR + stale)
         assert os.path.exists(SHM_DIR + live.name)
 
         again = json.loads(cli("cleanup", "--dry-run", "--json").stdout)
         assert stale[1:] not in again["stale"] and live.name[1:] not in again["stale"]
+        assert "the kernel frees each one" in again["memory_files"]
     finally:
         unlink_segment(stale)
         live.unlink()
         live.close()
+        if memfd is not None:
+            memfd.close()
+
+
+def test_cleanup_with_nothing_in_dev_shm_says_so_and_that_memory_files_need_none() -> None:
+    """In a private /dev/shm (nothing of anybody's there) cleanup finds nothing, says so,
+    and says why memory files never need it; exit status 0."""
+    why = private_tmpfs_refused()
+    if why:
+        pytest.skip(why)
+    r = subprocess.run(
+        [
+            "unshare", "-m", "sh", "-c",
+            "mount -t tmpfs -o size=1m,mode=1777 tmpfs /dev/shm && "
+            f'exec "{sys.executable}" -m ringwire cleanup',
+        ],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        f"nothing to clean up in {SHM_DIR}",
+        "memory files (the default segments, memfd) need no cleanup: the kernel frees each "
+        "one when the last process holding or mapping it exits",
+    ]
 
 
 def test_usage_errors_exit_2() -> None:
@@ -257,21 +305,39 @@ def test_doctor_json_reports_every_check() -> None:
     for check in data["checks"].values():
         assert set(check) == {"status", "detail", "fix", "facts"}
         assert check["status"] in ("ok", "warn", "fail", "absent")
-    assert data["checks"]["segments"]["facts"]["kind"] == "named"
+    kind = segment_kind()  # what this process, and so the doctor's, creates
+    segments = data["checks"]["segments"]
+    assert segments["status"] == "ok" and segments["facts"]["kind"] == kind
+    assert segments["facts"]["memfd_available"] is memfd_supported()
     assert data["checks"]["native"]["facts"]["native"] == ringwire.native
     shm = os.statvfs(SHM_DIR)
     assert data["checks"]["shm"]["facts"]["size"] == shm.f_frsize * shm.f_blocks
-    if data["checks"]["shm"]["facts"]["fits"] > 0:
+    assert data["checks"]["shm"]["facts"]["used"] is (kind == "named")
+    if data["checks"]["shm"]["facts"]["fits"] > 0 or kind == "memfd":
+        assert data["checks"]["shm"]["status"] != "fail"
+    if data["checks"]["memory_limit"]["status"] != "fail" and (
+        data["checks"]["shm"]["status"] != "fail"
+    ):
         assert r.returncode == 0  # nothing breaks the defaults here
+    named = json.loads(cli_env({"RINGWIRE_SEGMENTS": "named"}, "doctor", "--json").stdout)
+    assert named["checks"]["segments"]["facts"]["kind"] == "named"
+    assert "as RINGWIRE_SEGMENTS=named asks" in named["checks"]["segments"]["detail"]
+    assert named["checks"]["shm"]["facts"]["used"] is True
+    bad = cli_env({"RINGWIRE_SEGMENTS": "ramdisk"}, "doctor", "--json")
+    assert bad.returncode == 1 and json.loads(bad.stdout)["unmet"][0] == "segments"
     asked = cli("doctor", "--json", "--need", "curve,native")
     assert json.loads(asked.stdout)["needs"] == ["curve", "native"]
     assert cli("doctor", "--need", "warp-drive").returncode == 2
 
 
-
-def test_doctor_in_a_64_mib_dev_shm_says_so_and_exits_1() -> None:
+@pytest.mark.parametrize("kind", ["memfd", "named"])
+def test_doctor_in_a_64_mib_dev_shm(kind: str) -> None:
     """The issue's container case, for real: a private mount namespace whose /dev/shm is
-    a 64 MiB tmpfs (Docker's default).  A default connection does not fit."""
+    a 64 MiB tmpfs (Docker's default).  With named segments a default connection does
+    not fit (exit status 1); memory files do not use /dev/shm: the doctor passes, and
+    reports /dev/shm's numbers as information."""
+    if kind == "memfd" and not memfd_supported():
+        pytest.skip("no sealed memory files here")
     why = private_tmpfs_refused()
     if why:
         pytest.skip(why)
@@ -284,16 +350,29 @@ def test_doctor_in_a_64_mib_dev_shm_says_so_and_exits_1() -> None:
                 f'exec "{sys.executable}" -m ringwire doctor {" ".join(args)}',
             ],
             capture_output=True, text=True, timeout=120,
+            env=dict(os.environ, RINGWIRE_SEGMENTS=kind),
         )  # fmt: skip
 
     text = doctor()
-    assert text.returncode == 1, text.stdout + text.stderr
     words = " ".join(text.stdout.split())  # the screen wraps long lines
-    assert "/dev/shm cannot hold one default connection" in words
-    assert "docker run --shm-size=1g" in words
-    assert "result: not usable as asked: /dev/shm (exit status 1)" in text.stdout
     data = json.loads(doctor("--json").stdout)
-    assert data["exit_status"] == 1 and data["unmet"][0] == "shm"
     shm = data["checks"]["shm"]
-    assert shm["status"] == "fail" and shm["facts"]["size"] == 64 << 20
-    assert shm["facts"]["fits"] == 0 and "--ipc=host" in shm["fix"]
+    assert shm["facts"]["size"] == 64 << 20 and shm["facts"]["fits"] == 0
+    if kind == "named":
+        assert text.returncode == 1, text.stdout + text.stderr
+        assert "/dev/shm cannot hold one default connection" in words
+        assert "docker run --shm-size=1g" in words
+        assert "result: not usable as asked: /dev/shm (exit status 1)" in text.stdout
+        assert data["exit_status"] == 1 and data["unmet"][0] == "shm"
+        assert shm["status"] == "fail" and shm["facts"]["used"] is True
+        assert "--ipc=host" in shm["fix"]
+        return
+    limit = data["checks"]["memory_limit"]
+    if limit["status"] == "fail":  # (a memory cgroup smaller than one connection)
+        pytest.skip(f"this host's memory limit fails the defaults: {limit['detail']}")
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "not used: memory files; 64 MiB, 64 MiB free" in words
+    assert "result: the defaults work here (exit status 0)" in text.stdout
+    assert data["exit_status"] == 0 and data["unmet"] == []
+    assert shm["status"] == "ok" and shm["facts"]["used"] is False
+    assert data["checks"]["segments"]["facts"]["kind"] == "memfd"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ringwire import _cli
-from ringwire._pool.segment import Segment
+from ringwire._pool.segment import SHM_DIR, Segment, memfd_supported
 
 # -- pieces, in process --------------------------------------------------------------------
 
@@ -25,40 +25,147 @@ def test_parse_maps_line() -> None:
     m = _cli.parse_maps_line(42, line)
     assert m is not None
     assert (m.pid, m.start, m.end, m.offset) == (42, 0x7F4F4E18C000, 0x7F4F4E18E000, 0)
-    assert (m.inode, m.name, m.deleted) == (16539, "/rw.985.4478dd5c8521", True)
+    assert (m.inode, m.name, m.deleted, m.kind) == (16539, "/rw.985.4478dd5c8521", True, "named")
     named = _cli.parse_maps_line(1, line.replace(" (deleted)", ""))
     assert named is not None and not named.deleted
+    memfd = _cli.parse_maps_line(
+        7, "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:01 2051 /memfd:rw.985.4478dd5c8521 (deleted)"
+    )
+    assert memfd is not None
+    assert (memfd.name, memfd.kind, memfd.deleted) == ("memfd:rw.985.4478dd5c8521", "memfd", True)
+    assert (memfd.dev, memfd.inode) == ("00:01", 2051)
     for other in (
         "7f4f4e18c000-7f4f4e18e000 r--p 00000000 08:01 1234 /usr/lib/libc.so.6",
         "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:1b 16539 /dev/shm/psm_abc (deleted)",
         "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:1b 16539 /dev/shm/rw.1.xyz",
+        "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:01 2051 /memfd:rw-fake-cuda (deleted)",
+        "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:01 2051 /memfd:rw.1.xyz (deleted)",
         "7ffd1b5e2000-7ffd1b603000 rw-p 00000000 00:00 0                          [stack]",
         "garbage",
     ):
         assert _cli.parse_maps_line(1, other) is None, other
+    # a descriptor's link says the same as a maps line's path
+    assert _cli.parse_segment_path("/memfd:rw.985.4478dd5c8521 (deleted)") == (
+        "memfd:rw.985.4478dd5c8521", "memfd", True,
+    )  # fmt: skip
+    assert _cli.parse_segment_path("/dev/shm/rw.985.4478dd5c8521") == (
+        "/rw.985.4478dd5c8521", "named", False,
+    )  # fmt: skip
+    assert _cli.parse_segment_path("socket:[12345]") is None
 
 
-def test_inspect_in_process_and_renderers() -> None:
-    seg = Segment.create(4096)  # a named segment that is not a ring or a pool (yet)
+def _inspect_me() -> tuple[dict[str, Any], str]:
+    buf = io.StringIO()
+    assert _cli.main(["inspect", "--json", "--pid", str(os.getpid())], out=buf) == 0
+    report = json.loads(buf.getvalue())
+    buf = io.StringIO()
+    assert _cli.main(["inspect", "--pid", str(os.getpid())], out=buf) == 0
+    return report, buf.getvalue()
+
+
+def _row(text: str, title: str, label: str) -> list[str]:
+    """The words of ``label``'s row in the table ``title`` of inspect's text."""
+    table = text[text.index(title + ":") :].split("\n\n")[0]
+    [row] = [line.split() for line in table.splitlines() if line.strip().startswith(label)]
+    return row
+
+
+SEGMENTS = "Segments (memory files and named)"
+
+
+@pytest.mark.parametrize("kind", ["memfd", "named"])
+def test_inspect_in_process_and_renderers(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if kind == "memfd" and not memfd_supported():
+        pytest.skip("no sealed memory files here")
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", kind)
+    seg = Segment.create(4096)  # a segment that is not a ring or a pool (yet)
+    assert seg.kind == kind
+    me = os.getpid()
+    label = seg.name.lstrip("/")  # "rw.<pid>.<hex>" or "memfd:rw.<pid>.<hex>"
     try:
-        buf = io.StringIO()
-        assert _cli.main(["inspect", "--json", "--pid", str(os.getpid())], out=buf) == 0
-        report = json.loads(buf.getvalue())
+        report, text = _inspect_me()
         [other] = report["other_segments"]
-        assert other["segment"] == seg.name[1:] and other["kind"] == "unknown"
-        assert not other["unlinked"] and other["pids"] == [os.getpid()]
-        buf = io.StringIO()
-        assert _cli.main(["inspect", "--pid", str(os.getpid())], out=buf) == 0
-        text = buf.getvalue()
-        assert text.startswith("ringwire on this host: 0 connections, 0 slot pools, 1 name")
-        assert "Other segments:" in text and seg.name[1:] in text and "live" in text
+        assert other["segment"] == label and other["kind"] == "unknown"
+        assert other["segment_kind"] == kind and other["size"] == 4096
+        assert other["creator_pid"] == me and other["pids"] == [me]
+        # (Python's mmap keeps a descriptor of what it maps: both kinds are held too)
+        assert other["mapped_by"] == other["held_by"] == [me]
+        assert other["unlinked"] is (kind == "memfd")
+        [listed] = report["segments"]
+        assert listed == {k: other[k] for k in listed}
+        names = 1 if kind == "named" else 0
+        assert text.startswith(
+            f"ringwire on this host: 0 connections, 0 slot pools, {names} name"
+        ), text
+        memfds = 1 if kind == "memfd" else 0
+        assert f"1 segment in use ({memfds} memory file" in text.splitlines()[0]
+        assert "Other segments:" in text and label in text
+        row = _row(text, "Other segments", label)
+        assert row[:3] == [label, kind, str(me)], row
+        row = _row(text, SEGMENTS, label)
+        assert row[:5] == [label, kind, "4", "KiB", "unknown"], row
+        assert row[-2:] == [str(me), str(me)], row  # MAPPED BY, HELD BY
+        if kind == "named":
+            assert "live" in text and f"Names in {SHM_DIR}:" in text
+            [name] = report["names"]
+            assert name["name"] == label and name["mapped_by"] == [me]
+        else:
+            assert report["names"] == [] and f"Names in {SHM_DIR}: none" in text
         pytest.importorskip("rich")
         buf = io.StringIO()
         _cli.render_rich(report, buf)
-        assert seg.name[1:] in buf.getvalue()
+        assert label in buf.getvalue()
     finally:
         seg.unlink()
         seg.close()
+
+
+def _map_without_a_descriptor(fd: int, size: int) -> tuple[Any, int]:
+    """Map ``fd`` with libc's ``mmap`` (Python's ``mmap`` keeps a descriptor of what it
+    maps, a process written in C need not): ``(libc, address)``."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]  # fmt: skip
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap")
+    return libc, addr
+
+
+def test_inspect_finds_a_memory_file_by_its_descriptor_or_its_mapping_alone() -> None:
+    """After a handshake a process written in C holds only mappings (the descriptors are
+    closed); a broadcast writer keeps descriptors for late joiners, and a handshake holds
+    one before the peer maps it.  Either alone is enough to find the segment and read its
+    size and content."""
+    if not memfd_supported():
+        pytest.skip("no sealed memory files here")
+    me = os.getpid()
+    mapped = Segment.create(8192, kind="memfd")
+    unmapped = Segment.create(3 * 4096, kind="memfd")
+    held = os.dup(unmapped.fd)
+    libc, addr = _map_without_a_descriptor(mapped.fd, 8192)
+    try:
+        mapped.close()  # only libc's mapping is left
+        unmapped.close()  # only a descriptor (our dup) is left
+        report, text = _inspect_me()
+        segments = {g["segment"]: g for g in report["segments"]}
+        m, u = segments[mapped.name], segments[unmapped.name]
+        assert (m["mapped_by"], m["held_by"], m["size"]) == ([me], [], 8192)
+        assert (u["mapped_by"], u["held_by"], u["size"]) == ([], [me], 3 * 4096)
+        for g in (m, u):  # read (through /proc/<pid>/mem, through the descriptor): zeros
+            assert (g["segment_kind"], g["kind"], g["creator_pid"]) == ("memfd", "unknown", me)
+        assert _row(text, SEGMENTS, mapped.name)[-2:] == [str(me), "-"]  # mapped, not held
+        assert _row(text, SEGMENTS, unmapped.name)[-2:] == ["-", str(me)]  # the other way
+    finally:
+        os.close(held)
+        libc.munmap(addr, 8192)
+    after, _ = _inspect_me()
+    assert not [g for g in after["segments"] if g["segment"] in (mapped.name, unmapped.name)]
 
 
 def _fake_proc(root: Path, pid: int, comm: str, uid: int, *, readable: bool) -> None:

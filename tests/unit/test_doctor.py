@@ -18,6 +18,8 @@ import pytest
 import ringwire
 from ringwire import _cli, _doctor
 from ringwire._doctor import Check, Report
+from ringwire._errors import SegmentError
+from ringwire._pool.segment import memfd_supported
 from ringwire._wire.ring import ring_size
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -31,16 +33,45 @@ def statvfs(size: int, free: int, frsize: int = 4096) -> SimpleNamespace:
 # -- segments --------------------------------------------------------------------------------
 
 
-def test_this_build_uses_named_segments_and_says_whether_memfd_is_offered() -> None:
+def test_the_doctor_reports_the_kind_ringwire_creates(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the real choice (ringwire._pool.segment), not a copy of it
+    monkeypatch.delenv("RINGWIRE_SEGMENTS", raising=False)
+    assert _doctor.segment_kind() == ("memfd" if memfd_supported() else "named")
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "named")
     assert _doctor.segment_kind() == "named"
-    c = _doctor.check_segments("named", None, None)
-    assert c.status == "ok"
-    assert c.detail.startswith("named POSIX segments in /dev/shm")
-    assert "memory files: available on this kernel, not used by this build" in c.detail
-    assert c.facts == {"kind": "named", "memfd_available": True, "memfd_reason": ""}
-    c = _doctor.check_segments("named", "os.memfd_create is not available (darwin)", None)
-    assert c.status == "ok" and "not available here: os.memfd_create" in c.detail
-    assert c.facts["memfd_available"] is False
+
+
+def test_memory_files_say_what_limits_them() -> None:
+    limit = "the memory cgroup's limit (/sys/fs/cgroup/x/memory.max = 1073741824 bytes)"
+    c = _doctor.check_segments("memfd", None, None, "", None, limit)
+    assert c.status == "ok" and c.detail.startswith("memory files (memfd_create, sealed")
+    assert "no names in /dev/shm" in c.detail and f"they count against {limit}" in c.detail
+    assert c.facts == {
+        "kind": "memfd", "memfd_available": True, "memfd_reason": "", "requested": "",
+        "memory_limit": limit,
+    }  # fmt: skip
+
+
+def test_named_segments_say_why() -> None:
+    asked = _doctor.check_segments("named", None, None, "named")
+    assert asked.status == "ok"
+    assert asked.detail.startswith("named POSIX segments in /dev/shm")
+    assert "as RINGWIRE_SEGMENTS=named asks (memory files: available here)" in asked.detail
+    assert asked.facts["requested"] == "named" and asked.facts["memfd_available"] is True
+    none = _doctor.check_segments("named", "os.memfd_create is not available (darwin)", None)
+    assert none.status == "ok"
+    assert "memory files are not available here: os.memfd_create" in none.detail
+    assert none.facts["memfd_available"] is False
+
+
+def test_a_bad_segments_setting_fails_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGWIRE_SEGMENTS", "ramdisk")
+    with pytest.raises(SegmentError) as raised:
+        _doctor.segment_kind()
+    c = _doctor.check_segments(None, None, None, "ramdisk", str(raised.value))
+    assert c.status == "fail" and "'ramdisk' is not a segment kind" in c.detail
+    assert "unset RINGWIRE_SEGMENTS" in c.fix
+    assert _doctor.exit_status([c], []) == 1
 
 
 def test_no_posix_ipc_is_a_failure_of_the_defaults() -> None:
@@ -105,9 +136,24 @@ def test_an_unreadable_dev_shm_fails_for_named_segments_only() -> None:
     err = FileNotFoundError(2, "No such file or directory")
     c = _doctor.check_shm(err, FOOT)
     assert c.status == "fail" and "No such file or directory" in c.detail
-    assert "mount -t tmpfs" in c.fix
-    assert _doctor.check_shm(err, FOOT, kind="memfd").status == "ok"
-    assert _doctor.check_shm(statvfs(64 * MiB, 0), FOOT, kind="memfd").status == "ok"
+    assert "mount -t tmpfs" in c.fix and c.facts["used"] is True
+    c = _doctor.check_shm(err, FOOT, kind="memfd")
+    assert c.status == "ok" and c.detail.startswith("not used: memory files (/dev/shm cannot")
+    assert c.facts["used"] is False
+
+
+def test_with_memory_files_a_small_dev_shm_is_only_reported() -> None:
+    """The issue's container case with memory files: /dev/shm is not used by default,
+    so its 64 MiB are information (with the numbers), not a failure."""
+    c = _doctor.check_shm(statvfs(64 * MiB, 60 * MiB), FOOT, kind="memfd")
+    assert c.status == "ok" and c.fix == ""
+    assert c.detail.startswith("not used: memory files; 64 MiB, 60 MiB free")
+    assert "named segments (RINGWIRE_SEGMENTS=named) would have room for 0" in c.detail
+    assert c.facts["used"] is False and c.facts["size"] == 64 * MiB and c.facts["fits"] == 0
+    assert _doctor.exit_status([c], []) == 0
+    named = _doctor.check_shm(statvfs(64 * MiB, 60 * MiB), FOOT, kind="named")
+    assert named.status == "fail" and named.facts["used"] is True
+    assert _doctor.exit_status([named], []) == 1
 
 
 # -- memory cgroup ---------------------------------------------------------------------------
@@ -168,6 +214,25 @@ def test_a_container_namespace_root_maps_to_the_mount_point(tmp_path: Path) -> N
     c = _doctor.check_memory_limit(reading, FOOT)
     assert c.status == "warn"  # 112 MiB left, a default connection takes more
     assert "less than a default connection" in c.detail and "--memory" in c.fix
+    assert _doctor.check_memory_limit(reading, FOOT, "memfd").status == "warn"  # (usage varies)
+
+
+def test_memory_files_fail_where_the_limit_cannot_hold_a_default_connection(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path / "memory.max", str(128 * MiB))  # less than a default connection
+    write(tmp_path / "memory.current", str(MiB))
+    reading = _doctor.memory_limit("0::/\n", mountinfo(("/", str(tmp_path), "cgroup2", "rw")))
+    c = _doctor.check_memory_limit(reading, FOOT, "memfd")
+    assert c.status == "fail" and "cannot hold one default connection" in c.detail
+    assert "--memory" in c.fix and "slots=None" in c.fix
+    assert _doctor.exit_status([c], []) == 1
+    # named segments live in /dev/shm: its size is the limit that speaks, this one warns
+    assert _doctor.check_memory_limit(reading, FOOT, "named").status == "warn"
+    write(tmp_path / "memory.max", str(4 * GiB))
+    reading = _doctor.memory_limit("0::/\n", mountinfo(("/", str(tmp_path), "cgroup2", "rw")))
+    c = _doctor.check_memory_limit(reading, FOOT, "memfd")
+    assert c.status == "ok" and c.detail.endswith("; memory files count against it")
 
 
 def test_hybrid_hosts_fall_back_to_the_v1_memory_controller(tmp_path: Path) -> None:
@@ -210,11 +275,20 @@ def test_huge_pages_reserved_or_transparent() -> None:
     assert c.status == "absent"
     assert "0 reserved (0 free) of 2 MiB" in c.detail and "never" in c.detail
     assert "shmem_enabled" in c.fix and "nr_hugepages" in c.fix
-    assert c.facts == {"reserved": 0, "free": 0, "page_size": 2 * MiB, "shmem_thp": "never"}
+    assert "what MFD_HUGETLB memory files would take" in c.detail and "not possible" in c.detail
+    assert c.facts == {
+        "reserved": 0, "free": 0, "page_size": 2 * MiB, "shmem_thp": "never",
+        "shmem_thp_possible": False,
+    }  # fmt: skip
     reserved = _doctor.check_huge_pages(MEMINFO.format(total=64, free=60), never)
     assert reserved.status == "ok" and "64 reserved (60 free)" in reserved.detail
     advise = _doctor.check_huge_pages(MEMINFO.format(total=0, free=0), "always [advise] never")
     assert advise.status == "ok" and advise.facts["shmem_thp"] == "advise"
+    assert advise.facts["shmem_thp_possible"] is True and "advise, possible" in advise.detail
+    for mode, possible in (("always", True), ("within_size", True), ("deny", False)):
+        c = _doctor.check_huge_pages(MEMINFO.format(total=0, free=0), f"never [{mode}]")
+        assert c.facts["shmem_thp_possible"] is possible, mode
+        assert c.status == ("ok" if possible else "absent"), mode
     assert _doctor.check_huge_pages("", None).facts["shmem_thp"] is None
     assert _doctor.exit_status([c], []) == 0
     assert _doctor.exit_status([c], ["hugepages"]) == 1
