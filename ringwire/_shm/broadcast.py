@@ -75,6 +75,7 @@ from .._errors import (
     SharedMemoryFull,
     SlotWaitTimeout,
 )
+from .._pool.arena import ArenaFile
 from .._pool.protocols import Placed
 from .._pool.segment import Segment, pid_alive, sweep
 from .._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
@@ -249,8 +250,13 @@ class BroadcastHub:
         layout = init_pool(seg.buf, config.classes)
         for k in range(1 + self.readers):
             init_ring(seg.buf, psize + k * LANE_SIZE, RELEASE_CAPACITY)
+        arena = None
+        if config.large_limit is not None:
+            arena = ArenaFile()
+            arena.unlink()  # (named: readers get the descriptor, as for the ring and pool)
+            self._fds.append(os.dup(arena.fd))  # (the pool closes the arena's own)
         return BroadcastPool(
-            seg, layout, config, self.writer.max_payload - _MAX_RECORD_SLACK, self.readers
+            seg, layout, config, self.writer.max_payload - _MAX_RECORD_SLACK, self.readers, arena
         )
 
     def __repr__(self) -> str:
@@ -433,6 +439,9 @@ class BroadcastHub:
             readers=self.readers,
             ring=SegmentSpec(ring_seg.name, ring_seg.size, "broadcast"),
             pool=None if pool is None else SegmentSpec(pool.seg.name, pool.seg.size, "slots"),
+            arena=None
+            if pool is None or pool.arena is None
+            else SegmentSpec(pool.arena.name, pool.arena.size, "arena"),
             lane_offset=lane,
             fds=len(self._fds),
         )

@@ -59,12 +59,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import RingCorrupted, SlotRefused
+from .._pool.arena import BIG_HI, ArenaFile
 from .._pool.cuda import split_tag
 from .._pool.protocols import Placed, Placement
 from .._pool.segment import Segment
 from .._pool.slotconfig import RELEASE_CAPACITY, SlotConfig
 from .._wire.ring import RingReader, init_ring, ring_size
-from .._wire.slotlayout import PoolLayout, SlotAllocator
+from .._wire.slotlayout import PoolLayout
 from .sendpool import ShmSendPool
 
 __all__ = ["LANE_SIZE", "BroadcastPool", "lane_offset"]
@@ -86,12 +87,19 @@ class BroadcastPool:
     reuses_placements = True  # as the ShmSendPool it wraps: a Placement holds nothing else
 
     def __init__(
-        self, seg: Segment, layout: PoolLayout, config: SlotConfig, max_inline: int, readers: int
+        self,
+        seg: Segment,
+        layout: PoolLayout,
+        config: SlotConfig,
+        max_inline: int,
+        readers: int,
+        arena: ArenaFile | None = None,
     ) -> None:
         self.seg = seg
         self.layout = layout
         self.config = config
-        self.send = ShmSendPool(seg, layout, config, max_inline)
+        self.send = ShmSendPool(seg, layout, config, max_inline, arena)
+        self.arena = arena
         self.readers = readers
         self.lanes: dict[int, RingReader] = {}
         self.holders: dict[int, list[int]] = {}  # tag -> [generation, mask of readers]
@@ -252,7 +260,9 @@ class BroadcastPool:
             del self.holders[tag]
             self._free(tag, h[0])
 
-    def _alloc_of(self, tag: int) -> tuple[SlotAllocator, int]:
+    def _alloc_of(self, tag: int) -> tuple[Any, int]:
+        if tag >> 32 == BIG_HI and self.send.big is not None:
+            return self.send.big, tag & 0xFFFFFFFF
         split = split_tag(tag)
         if split is None:
             return self.send.alloc, tag

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import HandshakeError, RingCorrupted, RingwireError, SegmentError
-from .._pool.segment import Segment
+from .._pool.arena import ArenaMapper
+from .._pool.segment import Segment, check_descriptor
 from .._pool.slotconfig import RELEASE_CAPACITY
 from .._wire.broadcast_control import (
     BROADCAST_VERSIONS,
@@ -149,7 +150,7 @@ class NullReader(_NullLane):
 class JoinResult:
     joined: Joined
     ring: Segment
-    pool: tuple[Segment, PoolLayout] | None
+    pool: tuple[Segment, PoolLayout, ArenaMapper | None] | None
     rest: bytes  # what followed Joined on the socket (an early abort, say)
 
 
@@ -201,12 +202,22 @@ def join_handshake(rank: int | None) -> JoinGen:
                 if msg.lane_offset < layout.total_size:
                     raise HandshakeError("the release lane overlaps the slot pool")
                 check_ring(pseg.buf, msg.lane_offset, RELEASE_CAPACITY)
-                pool = (pseg, layout)
+                mapper = None
+                if msg.arena is not None:
+                    kind = "memfd" if is_memfd_label(msg.arena.name) else "named"
+                    check_descriptor(fds[2], msg.arena.name, msg.arena.size, kind)
+                    mapper = ArenaMapper(os.dup(fds[2]), msg.arena.size, layout.pool_id)
+                pool = (pseg, layout, mapper)
         except (SegmentError, RingCorrupted, RingwireError, ValueError) as exc:
             if isinstance(exc, HandshakeError):
                 raise
             raise HandshakeError(f"cannot attach the broadcast: {exc}") from None
-        yield ("send", encode_broadcast_message(Started()))
+        try:
+            yield ("send", encode_broadcast_message(Started()))
+        except BaseException:
+            if pool is not None and pool[2] is not None:
+                pool[2].close()
+            raise
         result = JoinResult(msg, ring, pool, msgs.rest)
         segs.clear()
         return result
@@ -218,7 +229,7 @@ def join_handshake(rank: int | None) -> JoinGen:
 
 
 def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
-    return recv_with_fds(sock, 4)
+    return recv_with_fds(sock, 4)  # the ring, the pool, the arena (and one too many)
 
 
 _JOIN_CLOSED = "the writer closed the connection during the join"
@@ -275,9 +286,14 @@ class SubscriberTransport(ControlSocketEnd):
         self.send_pool = None
         self.recv_pool: ShmRecvPool | None = None
         if result.pool is not None:
-            seg, layout = result.pool
+            seg, layout, mapper = result.pool
             self.recv_pool = ShmRecvPool(
-                seg, layout, self._release_bell, copy_out, lane_offset=joined.lane_offset
+                seg,
+                layout,
+                self._release_bell,
+                copy_out,
+                lane_offset=joined.lane_offset,
+                arena=mapper,
             )
 
     def drain(self) -> bool:

@@ -81,7 +81,8 @@ class Joined(msgspec.Struct, tag="joined", kw_only=True):
     ring: SegmentSpec  # role "broadcast"
     pool: SegmentSpec | None = None  # role "slots": the writer's slot pool and release lanes
     lane_offset: int = 0  # where this reader's release lane lies in the pool segment
-    fds: int = 0  # descriptors sent with this message: the ring's, then the pool's
+    fds: int = 0  # descriptors sent with this message: the ring's, the pool's, the arena's
+    arena: SegmentSpec | None = None  # role "arena": the pool's arena (large arrays)
     features: list[str] = []
 
 
@@ -167,10 +168,12 @@ def validate_joined(msg: Joined, fds: int) -> None:
         raise HandshakeError(f"broadcast ring: {exc}") from None
     if not 1 <= msg.readers <= MAX_READERS or not 0 <= msg.rank < msg.readers:
         raise HandshakeError(f"rank {msg.rank} of {msg.readers} readers")
-    want = 1 + (msg.pool is not None)
+    if msg.arena is not None and msg.pool is None:
+        raise HandshakeError("the writer announced an arena without a slot pool")
+    want = 1 + (msg.pool is not None) + (msg.arena is not None)
     if msg.fds != want or fds != want:
         raise HandshakeError(f"expected {want} descriptor(s) with Joined, got {fds}")
-    for spec in (msg.ring, msg.pool):
+    for spec in (msg.ring, msg.pool, msg.arena):
         if spec is not None and not 0 < spec.size <= 1 << 40:
             raise HandshakeError(f"bad segment size {spec.size!r}")
     if msg.pool is not None and not 0 < msg.lane_offset < msg.pool.size:

@@ -258,3 +258,45 @@ async def test_a_forged_arena_reference_breaks_the_connection_with_a_clear_error
         assert big_tag(0) in pool.held
         del got
         gc.collect()
+
+
+def test_a_broadcast_sends_an_array_larger_than_every_slot_to_every_reader(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    import threading
+
+    import ringwire
+
+    path = str(tmp_path / "b.sock")  # type: ignore[operator]
+    with ringwire.broadcast_sync(path, readers=2, slots=SMALL) as w:
+        subs: list = []
+        ts = [
+            threading.Thread(target=lambda r=r: subs.append(ringwire.subscribe_sync(path, rank=r)))
+            for r in range(2)
+        ]
+        for t in ts:
+            t.start()
+        w.wait_ready(2, timeout=10)
+        for t in ts:
+            t.join()
+        try:
+            x = np.arange(4 * MiB // 8, dtype=np.int64)  # 4 MiB: no slot of SMALL holds it
+            w.send({"x": x})
+            got = [s.receive(timeout=10)["x"] for s in subs]
+            assert all(np.array_equal(g, x) and not g.flags.writeable for g in got)
+            big = w._core.pool.send.big  # type: ignore[attr-defined]
+            assert big.in_use() == 1
+            del got[0]
+            gc.collect()
+            w.send(1)
+            assert [s.receive(timeout=5) for s in subs] == [1, 1]
+            assert big.in_use() == 1  # one reader still holds it
+            del got
+            gc.collect()
+            for _ in range(2):
+                w.send(1)
+                assert [s.receive(timeout=5) for s in subs] == [1, 1]
+            assert big.in_use() == 0 and big.outstanding == 0
+        finally:
+            for s in subs:
+                s.close()
