@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ringwire import _cli
+from ringwire import _cli, _inspect
 from ringwire._pool.segment import SHM_DIR, Segment, memfd_supported
 
 # -- pieces, in process --------------------------------------------------------------------
@@ -22,13 +22,13 @@ def test_parse_maps_line() -> None:
         "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:1b 16539                      "
         "/dev/shm/rw.985.4478dd5c8521 (deleted)\n"
     )
-    m = _cli.parse_maps_line(42, line)
+    m = _inspect.parse_maps_line(42, line)
     assert m is not None
     assert (m.pid, m.start, m.end, m.offset) == (42, 0x7F4F4E18C000, 0x7F4F4E18E000, 0)
     assert (m.inode, m.name, m.deleted, m.kind) == (16539, "/rw.985.4478dd5c8521", True, "named")
-    named = _cli.parse_maps_line(1, line.replace(" (deleted)", ""))
+    named = _inspect.parse_maps_line(1, line.replace(" (deleted)", ""))
     assert named is not None and not named.deleted
-    memfd = _cli.parse_maps_line(
+    memfd = _inspect.parse_maps_line(
         7, "7f4f4e18c000-7f4f4e18e000 rw-s 00000000 00:01 2051 /memfd:rw.985.4478dd5c8521 (deleted)"
     )
     assert memfd is not None
@@ -43,15 +43,15 @@ def test_parse_maps_line() -> None:
         "7ffd1b5e2000-7ffd1b603000 rw-p 00000000 00:00 0                          [stack]",
         "garbage",
     ):
-        assert _cli.parse_maps_line(1, other) is None, other
+        assert _inspect.parse_maps_line(1, other) is None, other
     # a descriptor's link says the same as a maps line's path
-    assert _cli.parse_segment_path("/memfd:rw.985.4478dd5c8521 (deleted)") == (
+    assert _inspect.parse_segment_path("/memfd:rw.985.4478dd5c8521 (deleted)") == (
         "memfd:rw.985.4478dd5c8521", "memfd", True,
     )  # fmt: skip
-    assert _cli.parse_segment_path("/dev/shm/rw.985.4478dd5c8521") == (
+    assert _inspect.parse_segment_path("/dev/shm/rw.985.4478dd5c8521") == (
         "/rw.985.4478dd5c8521", "named", False,
     )  # fmt: skip
-    assert _cli.parse_segment_path("socket:[12345]") is None
+    assert _inspect.parse_segment_path("socket:[12345]") is None
 
 
 def _inspect_me() -> tuple[dict[str, Any], str]:
@@ -91,14 +91,21 @@ def test_inspect_in_process_and_renderers(kind: str, monkeypatch: pytest.MonkeyP
         # (Python's mmap keeps a descriptor of what it maps: both kinds are held too)
         assert other["mapped_by"] == other["held_by"] == [me]
         assert other["unlinked"] is (kind == "memfd")
-        [listed] = report["segments"]
+        # This process's TCP status table (ringwire._net.status) lives as long as the
+        # process: an earlier test's TCP connection leaves one, of the kind that was the
+        # default then (RINGWIRE_SEGMENTS).  It is ours, and counted below.
+        tables = [g for g in report["segments"] if g["kind"] == "tcp"]
+        assert all(t["creator_pid"] == me and t["unlinked"] for t in tables), tables
+        [listed] = [g for g in report["segments"] if g["kind"] != "tcp"]
         assert listed == {k: other[k] for k in listed}
         names = 1 if kind == "named" else 0
         assert text.startswith(
             f"ringwire on this host: 0 connections, 0 slot pools, {names} name"
         ), text
-        memfds = 1 if kind == "memfd" else 0
-        assert f"1 segment in use ({memfds} memory file" in text.splitlines()[0]
+        in_use = 1 + len(tables)
+        memfds = (kind == "memfd") + sum(t["segment_kind"] == "memfd" for t in tables)
+        plural = "" if in_use == 1 else "s"
+        assert f"{in_use} segment{plural} in use ({memfds} memory file" in text.splitlines()[0]
         assert "Other segments:" in text and label in text
         row = _row(text, "Other segments", label)
         assert row[:3] == [label, kind, str(me)], row
