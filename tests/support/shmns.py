@@ -21,3 +21,25 @@ def private_tmpfs_refused() -> str | None:
     if probe.returncode != 0:
         return f"cannot mount a private tmpfs over /dev/shm here: {probe.stderr.strip()}"
     return None
+
+
+def run_with_private_shm(
+    argv: list[str],
+    *,
+    size: str = "64m",
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a private mount namespace whose ``/dev/shm`` is a fresh tmpfs of
+    ``size`` (a default container's 64 MiB); its output is captured.  Call
+    :func:`private_tmpfs_refused` first (and skip with its reason)."""
+    mount = f"mount -t tmpfs -o size={size},mode=1777 tmpfs /dev/shm"
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", f'{mount} && exec "$0" "$@"', *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
