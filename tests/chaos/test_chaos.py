@@ -809,6 +809,7 @@ MEMORY_DRIVER = textwrap.dedent(
         with anyio.fail_after(10):
             ch = await lst.accept()
         async with ch:
+            pre = shmem()  # both pools, reserved: the arena's range comes on top
             async with anyio.create_task_group() as tg:
                 async def killer():
                     await anyio.sleep(instant())
@@ -823,6 +824,13 @@ MEMORY_DRIVER = textwrap.dedent(
             with anyio.fail_after(5):  # the dead receiver's range comes back
                 while ch.statistics().large_in_use:
                     await anyio.sleep(0.01)
+            # and its memory went back to the kernel (punched), not just to a free list
+            deadline = time.monotonic() + 5
+            while shmem() > pre + TOL and time.monotonic() < deadline:
+                await anyio.sleep(0.02)
+            assert shmem() <= pre + TOL, (
+                f"the dead receiver's range still holds {{(shmem() - pre) / 2**20:.1f}} MiB"
+            )
         return v
 
     SCENARIOS = [
