@@ -507,6 +507,9 @@ def test_dev_shm_full_clear_errors_no_sigbus_and_recovery(tmp_path: Path) -> Non
         capture_output=True,
         text=True,
         timeout=120,
+        # named segments (what fills /dev/shm): memory files, the default, are not there
+        # (tests/process/test_containers.py shows the defaults in a small /dev/shm)
+        env=dict(os.environ, RINGWIRE_SEGMENTS="named"),
     )
     assert proc.returncode == 0, (
         f"exit {proc.returncode} (-7 is SIGBUS)\n{proc.stdout}\n{proc.stderr}"
@@ -528,7 +531,7 @@ def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path
         f"""
         import os, socket
         from ringwire._pool.segment import Segment
-        seg = Segment.create(8192)  # never announced, never unlinked
+        seg = Segment.create(8192, kind="named")  # never announced, never unlinked
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect({path!r})
         print(seg.name, flush=True)

@@ -305,7 +305,7 @@ PIPELINE_SCRIPT = PRELUDE + textwrap.dedent(
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    print("exit", code, flush=True)
+    assert code == 0, f"the pipeline exited {{code}} on Ctrl-C"
     assert names() == [], names()  # after
     print("ok", flush=True)
     """
