@@ -507,6 +507,9 @@ def test_dev_shm_full_clear_errors_no_sigbus_and_recovery(tmp_path: Path) -> Non
         capture_output=True,
         text=True,
         timeout=120,
+        # named segments (what fills /dev/shm): memory files, the default, are not there
+        # (tests/process/test_containers.py shows the defaults in a small /dev/shm)
+        env=dict(os.environ, RINGWIRE_SEGMENTS="named"),
     )
     assert proc.returncode == 0, (
         f"exit {proc.returncode} (-7 is SIGBUS)\n{proc.stdout}\n{proc.stderr}"
@@ -528,7 +531,7 @@ def test_sync_listener_sweeps_names_of_a_client_dead_before_hello(tmp_path: Path
         f"""
         import os, socket
         from ringwire._pool.segment import Segment
-        seg = Segment.create(8192)  # never announced, never unlinked
+        seg = Segment.create(8192, kind="named")  # never announced, never unlinked
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect({path!r})
         print(seg.name, flush=True)
@@ -632,3 +635,293 @@ def test_a_sender_that_never_waits_learns_of_a_death_quickly(tmp_path: Path, api
                     after_death(ch, k)
 
     anyio.run(main, backend=api)
+
+
+# ======================================================================================
+# memory files (issue 24): kill -9 in the handshake and with 64 MiB in flight by
+# reference (the arena); the shared memory must come back to the kernel
+# ======================================================================================
+
+MEMORY_VICTIM = textwrap.dedent(
+    """
+    import sys
+    import anyio, numpy as np
+    import ringwire
+
+    role, path = sys.argv[1], sys.argv[2]
+
+    def say(s):
+        print(s, flush=True)
+
+    async def hold(ch):
+        held = []
+        while True:
+            held.append(await ch.receive())
+
+    async def main():
+        if role == "listener":  # default slots: a pool and an arena per connection
+            async with ringwire.listen(path) as lst:
+                say("listening")
+                ch = await lst.accept()
+                say("connected")
+                await hold(ch)
+        big = np.full(64 << 20, 7, np.uint8) if role == "big-sender" else None
+        say("ready")
+        sys.stdin.readline()
+        ch = await ringwire.connect(path, handshake_timeout=10)
+        say("connected")
+        if big is not None:
+            await ch.send(big)  # 64 MiB: larger than every slot class, by the arena
+            say("sent")
+        await hold(ch)
+
+    anyio.run(main)
+    """
+)
+
+MEMORY_DRIVER = textwrap.dedent(
+    """
+    import os, random, subprocess, sys, time
+    import anyio, numpy as np
+    import ringwire
+    from anyio import BrokenResourceError, EndOfStream
+    sys.path.insert(0, {tests!r})
+    from chaos.harness import shm_names_of
+    from support.shmns import meminfo_shmem, read_shmem
+
+    CG_STAT = os.environ["RW_CG_STAT"]  # "" where there is no cgroup to count in
+    SEED, ROUNDS = int(os.environ["RW_SEED"]), int(os.environ["RW_ROUNDS"])
+    VICTIM, TMP = os.environ["RW_VICTIM"], os.environ["RW_TMP"]
+    TOL = 4 << 20  # an idle listener holds no pool; this is page-cache noise
+    BIG = 64 << 20
+    BREAKS = (BrokenResourceError, EndOfStream, ringwire.HandshakeError, OSError)
+    rng = random.Random(SEED)
+
+    def instant():
+        # mostly 0-50 ms in (the handshake, the copy into the arena), sometimes later
+        return rng.uniform(0, 0.05) if rng.random() < 0.6 else rng.uniform(0.05, 0.3)
+
+    def shmem():
+        return read_shmem(CG_STAT) if CG_STAT else meminfo_shmem()
+
+    class Victim:
+        def __init__(self, role, path):
+            self.proc = subprocess.Popen(
+                [sys.executable, VICTIM, role, path],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )
+            self.role = role
+
+        def until(self, word):
+            line = self.proc.stdout.readline().strip()
+            assert line == word, (self.role, word, line)
+
+        def go(self):
+            self.proc.stdin.write("go\\n")
+            self.proc.stdin.flush()
+
+        def kill(self):
+            self.proc.kill()
+            self.proc.wait()
+            self.proc.stdout.close()
+            self.proc.stdin.close()
+
+    async def broken(ch):
+        # the survivor learns of the death: a receive or a send fails
+        with anyio.fail_after(5):
+            while True:
+                try:
+                    with anyio.move_on_after(0.05):
+                        await ch.receive()
+                    await ch.send("ping")
+                except BREAKS:
+                    return
+
+    async def drain(lst, out):
+        # whatever the dead client got as far as: refused, or accepted and then broken
+        while True:
+            with anyio.move_on_after(0.5) as scope:
+                ch = await lst.accept()
+            if scope.cancelled_caught:
+                return
+            async with ch:
+                await broken(ch)
+            out.append("accepted")
+
+    async def client_in_handshake(lst, path, out):
+        v = Victim("client", path)
+        await anyio.to_thread.run_sync(v.until, "ready")
+        v.go()
+        await anyio.sleep(instant())
+        v.kill()
+        await drain(lst, out)
+        return v
+
+    async def listener_in_handshake(lst, path, out):
+        lpath = path + ".victim"
+        v = Victim("listener", lpath)
+        await anyio.to_thread.run_sync(v.until, "listening")
+        async def dial():
+            try:
+                ch = await ringwire.connect(lpath, handshake_timeout=10)
+            except BREAKS as exc:
+                out.append(type(exc).__name__)
+                return
+            async with ch:
+                await broken(ch)
+            out.append("connected")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(dial)
+            await anyio.sleep(instant())
+            v.kill()
+        if os.path.exists(lpath):  # a listener killed -9 cannot remove its socket file
+            os.unlink(lpath)
+        return v
+
+    async def big_in_flight_to_us(lst, path, out):
+        v = Victim("big-sender", path)
+        await anyio.to_thread.run_sync(v.until, "ready")
+        v.go()
+        async def take():
+            with anyio.fail_after(10):
+                ch = await lst.accept()
+            async with ch:
+                try:
+                    with anyio.fail_after(5):
+                        arr = await ch.receive()
+                except BREAKS:
+                    out.append("lost in flight")
+                    return
+                assert arr.nbytes == BIG and not arr.flags.writeable
+                await anyio.sleep(0.05)  # held while its sender dies
+                assert int(arr[::4096].min()) == int(arr[::4096].max()) == 7
+                del arr
+                await broken(ch)
+                out.append("received")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take)
+            await anyio.to_thread.run_sync(v.until, "connected")
+            await anyio.sleep(instant())
+            v.kill()
+        return v
+
+    async def big_in_flight_from_us(lst, path, out):
+        v = Victim("client", path)
+        await anyio.to_thread.run_sync(v.until, "ready")
+        v.go()
+        with anyio.fail_after(10):
+            ch = await lst.accept()
+        async with ch:
+            pre = shmem()  # both pools, reserved: the arena's range comes on top
+            async with anyio.create_task_group() as tg:
+                async def killer():
+                    await anyio.sleep(instant())
+                    v.kill()
+                tg.start_soon(killer)
+                try:
+                    await ch.send(np.full(BIG, 9, np.uint8))
+                    out.append("sent")
+                except BREAKS:
+                    out.append("send failed")
+            await broken(ch)
+            with anyio.fail_after(5):  # the dead receiver's range comes back
+                while ch.statistics().large_in_use:
+                    await anyio.sleep(0.01)
+            # and its memory went back to the kernel (punched), not just to a free list
+            deadline = time.monotonic() + 5
+            while shmem() > pre + TOL and time.monotonic() < deadline:
+                await anyio.sleep(0.02)
+            assert shmem() <= pre + TOL, (
+                f"the dead receiver's range still holds {{(shmem() - pre) / 2**20:.1f}} MiB"
+            )
+        return v
+
+    SCENARIOS = [
+        client_in_handshake, listener_in_handshake, big_in_flight_to_us, big_in_flight_from_us
+    ]
+
+    async def main():
+        path = TMP + "/l.sock"
+        async with ringwire.listen(path) as lst:  # default slots
+            base = shmem()
+            for i in range(ROUNDS):
+                scenario = SCENARIOS[i % len(SCENARIOS)]
+                out = []
+                v = await scenario(lst, path, out)
+                left = shm_names_of({{v.proc.pid, os.getpid()}})
+                assert not left, (scenario.__name__, left)
+                deadline = time.monotonic() + 5
+                while shmem() > base + TOL and time.monotonic() < deadline:
+                    await anyio.sleep(0.02)
+                now = shmem()
+                assert now <= base + TOL, (
+                    f"round {{i}} ({{scenario.__name__}}, {{out}}): shared memory did not "
+                    f"come back: {{(now - base) / 2**20:.1f}} MiB over the baseline"
+                )
+                print("round", i, scenario.__name__, out, flush=True)
+        print("ok", flush=True)
+
+    anyio.run(main)
+    """
+)
+
+MEMORY_ROUNDS = 24  # 6 of each scenario: a few seconds each on 2 cores
+MEMINFO_SLACK = 512 << 20  # other processes' shared memory comes and goes meanwhile
+
+
+@pytest.mark.timeout(180)
+def test_chaos_kills_give_the_memory_back(tmp_path: Path) -> None:
+    """Memory files and the arena (issue 24), default slots: kill -9 a client 0-50 ms
+    into its connect, a listener 0-50 ms into ours, a client while 64 MiB travel by
+    reference to us, and one while 64 MiB travel from us.  After every round nothing
+    ringwire-named is in /dev/shm and the shared memory charged to the processes of the
+    run (a memory cgroup of their own, exact) is back to its baseline: a leaked pool
+    (~80 MiB) or arena range (64 MiB) cannot hide.  After the run the machine's
+    ``Shmem:`` is back under its baseline plus what other processes may come and go."""
+    from support.shmns import ShmemCgroup, meminfo_shmem
+
+    seed = int(os.environ.get("RINGWIRE_CHAOS_SEED") or random_seed())
+    print(f"seed {seed} (RINGWIRE_CHAOS_SEED={seed} replays it)")
+    victim = tmp_path / "victim.py"
+    victim.write_text(MEMORY_VICTIM)
+    driver = tmp_path / "driver.py"
+    driver.write_text(MEMORY_DRIVER.format(tests=str(TESTS)))
+    floor = min(meminfo_shmem() for _ in range(5) if time.sleep(0.05) is None)
+    cg = ShmemCgroup.make()
+    env = dict(
+        os.environ,
+        RW_CG_STAT=cg.path + "/memory.stat" if cg else "",
+        RW_SEED=str(seed),
+        RW_ROUNDS=str(MEMORY_ROUNDS),
+        RW_VICTIM=str(victim),
+        RW_TMP=str(tmp_path),
+    )
+    env.pop("RINGWIRE_SEGMENTS", None)  # the default: memory files
+    # the driver joins the cgroup first thing; its victims follow it in
+    join = f"open({cg.procs!r}, 'w').write(str(__import__('os').getpid()));" if cg else ""
+    code = f"{join}exec(compile(open({str(driver)!r}).read(), {str(driver)!r}, 'exec'))"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=150, env=env
+        )
+        assert proc.returncode == 0 and proc.stdout.endswith("ok\n"), (
+            f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
+        if cg:  # every process of the run is gone: every page of theirs must be too
+            deadline = time.monotonic() + 5
+            while cg.shmem() > 1 << 20 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert cg.shmem() <= 1 << 20, f"{cg.shmem() / 2**20:.1f} MiB left after the run"
+    finally:
+        if cg:
+            cg.remove()
+    deadline = time.monotonic() + 10
+    while meminfo_shmem() > floor + MEMINFO_SLACK and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert meminfo_shmem() <= floor + MEMINFO_SLACK, (meminfo_shmem(), floor)
+    outcomes = [line.split(" ", 3)[2:] for line in proc.stdout.splitlines()[:-1]]
+    print(f"{len(outcomes)} rounds ({'cgroup' if cg else '/proc/meminfo'}):", outcomes)
+
+
+def random_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")

@@ -872,3 +872,163 @@ async def test_client_facing_a_hostile_listener(behaviour: str, tmp_path: Any) -
             fake.unlink()
             fake.close()
     assert our_names() == before
+
+
+# ---------------------------------------- memory files: hostile descriptors (issue 24)
+
+_LABEL = f"memfd:rw.{os.getpid()}.0123456789ab"
+_RINGS = 2 * ring_size(1024)
+
+
+def _memfd(size: int, seals: int | None) -> int:
+    """A memory file of ``size`` bytes, mode 0600, with ``seals`` (``None``: cannot be
+    sealed at all)."""
+    import fcntl
+
+    flags = os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if seals is not None else 0)
+    fd = os.memfd_create(_LABEL.removeprefix("memfd:"), flags)
+    os.fchmod(fd, 0o600)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def _sealed(size: int) -> int:
+    import fcntl
+
+    return _memfd(size, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+
+
+def _memfd_hello(*specs: tuple[int, int]) -> bytes:
+    """A Hello announcing memory files (``(size, fd index)`` each), rings in the first."""
+    segments = [
+        SegmentSpec(_LABEL.replace("0123", f"{i:04x}"), size, fd=fd)
+        for i, (size, fd) in enumerate(specs)
+    ]
+    return encode_message(_hello(segments=segments))
+
+
+def _pipe() -> int:
+    r, w = os.pipe()
+    os.close(w)
+    return r
+
+
+# name -> (the descriptors to pass, made fresh; the Hello; what the Refused must say,
+# or None where the listener hangs up without one)
+DESCRIPTOR_ATTACKS: dict[str, Any] = {
+    "a pipe": (lambda: [_pipe()], _memfd_hello((_RINGS, 0)), b"not a shared-memory file"),
+    "a regular file on a disk": (
+        lambda: [os.open(__file__, os.O_RDONLY | os.O_CLOEXEC)],
+        _memfd_hello((_RINGS, 0)),
+        b"a file on a disk",
+    ),
+    "a memory file shorter than announced": (
+        lambda: [_sealed(4096)],
+        _memfd_hello((_RINGS, 0)),
+        b"has 4096 bytes, the peer announced",
+    ),
+    "a memory file without seals": (
+        lambda: [_memfd(_RINGS, None)],
+        _memfd_hello((_RINGS, 0)),
+        b"not sealed against shrinking and growing",
+    ),
+    "a forged descriptor index": (
+        lambda: [_sealed(_RINGS)],
+        _memfd_hello((_RINGS, 5)),
+        b"as descriptor 5, but passed 1 descriptor(s)",
+    ),
+    "a negative descriptor index": (
+        lambda: [_sealed(_RINGS)],
+        _memfd_hello((_RINGS, -2)),
+        b"as descriptor -2",
+    ),
+    "one descriptor for two segments": (
+        lambda: [_sealed(_RINGS)],
+        _memfd_hello((_RINGS, 0), (_RINGS, 0)),
+        b"(or that one twice)",
+    ),
+    "more descriptors than segments": (
+        lambda: [_sealed(_RINGS), _pipe(), _pipe()],
+        _memfd_hello((_RINGS, 0)),
+        b"passed 3 descriptor(s) for 1 memory file(s)",
+    ),
+    "17 descriptors in one message": (
+        lambda: [_sealed(_RINGS)] + [_pipe() for _ in range(16)],
+        _memfd_hello((_RINGS, 0)),
+        None,
+    ),
+}
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memory files here")
+async def test_hostile_descriptors_are_refused_and_nothing_leaks(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client whose Hello announces memory files but passes descriptors of the wrong
+    kind (a pipe, a file on a disk), a memory file too short or without seals, a forged
+    or negative index, one descriptor for two segments, more descriptors than segments,
+    or more than a handshake message carries: each is refused with the reason (in a
+    Refused, and in the listener's log), the listener serves honest clients meanwhile
+    and after, and not one received descriptor stays open in its process."""
+    caplog.set_level(logging.WARNING, logger="ringwire")
+    path = str(tmp_path / "fd.sock")
+    before = our_names()
+    async with listen(path, slots=POOL, spin_us=0, handshake_timeout=1.0) as lst:
+        good = await connect(path, slots=POOL, spin_us=0)
+        srv_good = await lst.accept()
+        s = Scene(lst, good, srv_good, good, srv_good)
+        await good_round_trip(s, n=1)
+        fds_before = _fd_count()
+        replies: dict[str, bytes] = {}
+        for name, (make, hello, _) in DESCRIPTOR_ATTACKS.items():
+            sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            fds = make()
+            try:
+                sk.connect(path)
+                socket.send_fds(sk, [hello], fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            sk.setblocking(False)
+            reply = b""
+            with anyio.fail_after(5):
+                while True:
+                    await anyio.wait_readable(sk)
+                    try:
+                        chunk = sk.recv(4096)
+                    except ConnectionResetError:
+                        break
+                    if not chunk:
+                        break
+                    reply += chunk
+            sk.close()
+            replies[name] = reply
+            await good_round_trip(s, n=1)  # the honest connection goes on meanwhile
+        async with await connect(path, slots=POOL) as late:  # and a new one is accepted
+            async with await lst.accept():
+                await late.send("late")
+                _, rec = await lst.receive()
+                assert rec == "late"
+        st = lst.statistics()
+        assert st.refused == len(DESCRIPTOR_ATTACKS) and st.accepted == 2, st
+        # every descriptor received from the hostile clients was closed (and the late
+        # connection's, both ends)
+        with anyio.move_on_after(2):
+            while _fd_count() != fds_before:
+                await anyio.sleep(0.02)
+        assert _fd_count() == fds_before, (fds_before, os.listdir("/proc/self/fd"))
+        await good.aclose()
+        await srv_good.aclose()
+    for name, (_, _, says) in DESCRIPTOR_ATTACKS.items():
+        if says is not None:
+            assert says in replies[name], (name, replies[name])
+    refusals = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(refusals) == len(DESCRIPTOR_ATTACKS), refusals
+    assert any("more descriptors than a handshake message carries" in r for r in refusals), refusals
+    assert our_names() == before
