@@ -1032,3 +1032,42 @@ async def test_hostile_descriptors_are_refused_and_nothing_leaks(
     assert len(refusals) == len(DESCRIPTOR_ATTACKS), refusals
     assert any("more descriptors than a handshake message carries" in r for r in refusals), refusals
     assert our_names() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memory files here")
+def test_sync_listener_refuses_hostile_descriptors_and_keeps_none(tmp_path: Any) -> None:
+    """The blocking listener runs each handshake in accept(): the same descriptor
+    attacks are refused there (never raised out of accept()), the honest client after
+    them is accepted, and no received descriptor stays open."""
+    import threading
+
+    path = str(tmp_path / "sfd.sock")
+    before = our_names()
+    with SyncListener(path, slots=POOL, handshake_timeout=1.0) as sl:
+        fds_before = _fd_count()
+        socks = []
+        for make, hello, _ in DESCRIPTOR_ATTACKS.values():
+            sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            fds = make()
+            try:
+                sk.connect(path)
+                socket.send_fds(sk, [hello], fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            socks.append(sk)
+        out: list[Any] = []
+        t = threading.Thread(
+            target=lambda: out.append(connect_sync(path, slots=POOL, handshake_timeout=10))
+        )
+        t.start()
+        conn = sl.accept(timeout=10)  # the honest client, after every hostile one
+        t.join()
+        with conn, out[0] as client:
+            client.send(np.arange(10_000))
+            assert conn.receive(timeout=5)[-1] == 9_999
+        for sk in socks:
+            sk.close()
+        assert sl.statistics().refused == len(DESCRIPTOR_ATTACKS)
+        assert _fd_count() == fds_before, (fds_before, os.listdir("/proc/self/fd"))
+    assert our_names() == before
