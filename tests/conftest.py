@@ -13,10 +13,12 @@ alive but outside this session's process tree is somebody else's and is ignored.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -126,6 +128,29 @@ def _socket_files(roots: list[Path]) -> set[str]:
     return found
 
 
+def _memory_files() -> set[str]:
+    """This process's descriptors of ringwire memory files (``fd -> /memfd:rw.…``):
+    a segment, arena or mapping a test left open.  (Python's ``mmap`` keeps a
+    descriptor of what it maps, so a live view counts too.)"""
+    held: set[str] = set()
+    # a process's TCP status tables (ringwire._net.status) live as long as it does
+    status = sys.modules.get("ringwire._net.status")
+    tables = {f"/{t.seg.name}" for t in getattr(status, "_tables", ())}
+    try:
+        entries = os.listdir("/proc/self/fd")
+    except OSError:
+        return held
+    for fd in entries:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:rw.") and not target.startswith("/memfd:rw.probe"):
+            if target.removesuffix(" (deleted)") not in tables:
+                held.add(f"{fd} -> {target}")
+    return held
+
+
 def _test_netns() -> set[str]:
     """Network namespaces made by this process's tests/process/test_net_hosts.py
     (``rwtest-<pid>-``; another run's, on a shared machine, are not ours to judge)."""
@@ -189,6 +214,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if "tmp_path" in request.fixturenames:
         roots.append(request.getfixturevalue("tmp_path"))
     shm_before = _shm_names()
+    memfds_before = _memory_files()
     socks_before = _socket_files(roots)
     kids_before = _children(os.getpid())
     netns_before = _test_netns()
@@ -210,6 +236,12 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         leaked_shm -= _held_elsewhere(others)
     leaked_socks = _socket_files(roots) - socks_before
     problems = []
+    if _memory_files() - memfds_before:
+        gc.collect()  # views of a finished test die with its frames
+        _wait_until(lambda: not (_memory_files() - memfds_before), 2.0)
+        leaked_memfds = _memory_files() - memfds_before
+        if leaked_memfds:
+            problems.append(f"memory files left open in this process: {sorted(leaked_memfds)}")
     if leaked_shm:
         problems.append(f"/dev/shm names left behind: {sorted(leaked_shm)}")
         for name in leaked_shm:  # do not let one leak fail every later test

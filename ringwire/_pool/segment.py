@@ -50,6 +50,7 @@ import posix_ipc
 
 from .._errors import SegmentError, SharedMemoryFull
 from .._wire.names import is_segment_name, name_pid, new_segment_name
+from .cgroup import read_memory_limit
 
 __all__ = [
     "KINDS",
@@ -131,23 +132,14 @@ def segment_kind() -> str:
 
 def memory_limit() -> str:
     """Words for the limit a memory file's reservation runs into: the memory cgroup's
-    ``memory.max`` where one is set, else the machine's memory."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        if line.startswith("0::"):
-            path = "/sys/fs/cgroup" + line[3:].rstrip("/") + "/memory.max"
-            try:
-                with open(path) as f:
-                    value = f.read().strip()
-            except OSError:
-                break
-            if value != "max":
-                return f"the memory cgroup's limit ({path} = {value} bytes)"
-            break
+    (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``, the smallest of its cgroup and
+    their ancestors) where one is set, else the machine's memory."""
+    reading = read_memory_limit()
+    if reading["limit"] is not None:
+        return (
+            f"the memory cgroup's limit ({reading['where']}: {reading['limit']} bytes, "
+            f"cgroup v{reading['version']})"
+        )
     return "the machine's memory (no memory cgroup limit applies)"
 
 
@@ -264,6 +256,8 @@ def _full(exc: OSError, size: int, kind: str) -> SharedMemoryFull:
     else:
         where = f"{SHM_DIR} is full or too small"
         fix = "free space there, remount it larger, or use smaller rings"
+        if memfd_supported():
+            fix += f" (or unset {ENV_KIND}: memory files do not use {SHM_DIR})"
     return SharedMemoryFull(
         f"cannot reserve {size} bytes of shared memory ({kind} segment: "
         f"{os.strerror(exc.errno or 0)}): {where}; {fix}"

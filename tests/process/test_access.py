@@ -133,7 +133,7 @@ async def test_another_uid_can_neither_connect_nor_attach(caplog: pytest.LogCapt
     d = tempfile.mkdtemp(prefix="rw-access-", dir="/tmp")
     os.chmod(d, 0o711)
     path = os.path.join(d, "l.sock")
-    seg = Segment.create(8192)
+    seg = Segment.create(8192, kind="named")  # (a memory file has no name to open)
     try:
         async with listen(path, spin_us=0) as lst:
             assert mode_of(path) == 0o600 and mode_of(SHM_DIR + seg.name) == 0o600

@@ -133,8 +133,10 @@ def child_produce_then_hang(end: PairEnd, n: int, ready: Any) -> None:
 
 
 def mapped_names(pid: int) -> list[str]:
+    """Our mappings of segments ``pid`` made: named (``/dev/shm/rw.<pid>.…``) or memory
+    files (``/memfd:rw.<pid>.…``)."""
     with open("/proc/self/maps") as f:
-        return [line for line in f if f"/rw.{pid}." in line]
+        return [line for line in f if f"/rw.{pid}." in line or f"/memfd:rw.{pid}." in line]
 
 
 @pytest.mark.multiprocess
