@@ -173,6 +173,7 @@ class ArenaAllocator:
         self._spare: list[int] = []
         self._next = 0
         self.outstanding = 0  # bytes of ranges taken
+        self.loaned_at: dict[int, int] = {}  # address of a loan's first byte -> entry
         self.huge = huge_pages_on_shmem()
         self.largest = arena.size
 
@@ -218,6 +219,9 @@ class ArenaAllocator:
 
     def offset_of(self, index: int) -> int:
         return self._entries[index].offset
+
+    def length_of(self, index: int) -> int:
+        return self._entries[index].length
 
     def mark_sent(self, index: int) -> None:
         self._entries[index].status = SENT
@@ -326,6 +330,9 @@ class ArenaAllocator:
 
     def _free_entry(self, index: int, punch: bool) -> None:
         entry = self._entries.pop(index)
+        if self.loaned_at:
+            for addr in [a for a, i in self.loaned_at.items() if i == index]:
+                del self.loaned_at[addr]
         self._generation[index] = self.generation(index) + 1
         self._spare.append(index)
         self.outstanding -= entry.length

@@ -255,6 +255,10 @@ class ShmSendPool:
                     ref = self._place_loaned(obj, addr, nbytes, obj.flags.c_contiguous, placement)
                     if ref is not None:
                         return ref
+                elif self.big is not None and addr in self.big.loaned_at:
+                    ref = self._place_big_loan(obj, addr, nbytes, obj.flags.c_contiguous, placement)
+                    if ref is not None:
+                        return ref
             if nbytes < self.config.threshold:
                 return None
             wire = numpy_dtype_to_wire(obj.dtype)
@@ -272,6 +276,10 @@ class ShmSendPool:
             addr = obj.data_ptr()
             if self._lo <= addr < self._hi:
                 ref = self._place_loaned(obj, addr, nbytes, obj.is_contiguous(), placement)
+                if ref is not None:
+                    return ref
+            elif self.big is not None and addr in self.big.loaned_at:
+                ref = self._place_big_loan(obj, addr, nbytes, obj.is_contiguous(), placement)
                 if ref is not None:
                     return ref
             if nbytes < self.config.threshold:
@@ -357,6 +365,45 @@ class ShmSendPool:
             shape=tuple(obj.shape),
             dtype=wire,
             kind=kind,
+        )
+
+    def _place_big_loan(
+        self, obj: Any, addr: int, nbytes: int, contiguous: bool, placement: Placement
+    ) -> SlotRef | None:
+        """``obj`` starts at a loan from the arena: send that range, no copy."""
+        big = self.big
+        assert big is not None
+        with self.lock:
+            index = big.loaned_at.get(addr)
+            tag = -1 if index is None else big_tag(index)
+            if index is None or tag not in self.loans or big.status(index) != LOANED:
+                raise SlotMisuse(
+                    "this array lives in memory of the channel's arena that is no longer "
+                    "loaned: a loaned buffer can be sent once, and must not be used after "
+                    "it was sent (loan a new one)"
+                )
+            if not contiguous or nbytes > big.length_of(index):
+                return None  # an ordinary (strided) array that happens to live in a loan
+            if isinstance(obj, np.ndarray):
+                wire, kind = numpy_dtype_to_wire(obj.dtype), KIND_NUMPY
+            else:
+                wire, kind = torch_dtype_to_wire(obj.dtype), KIND_TORCH
+            big.mark_sent(index)
+            self.loans.discard(tag)
+            gen = big.generation(index)
+            offset = big.offset_of(index)
+        self.large_sent += 1
+        placement.append((tag, gen, True))
+        return SlotRef(
+            version=1,
+            pool=big.pool_id,
+            slot=index,
+            generation=gen,
+            offset=offset,
+            nbytes=nbytes,
+            shape=tuple(obj.shape),
+            dtype=wire,
+            kind=kind,  # type: ignore[arg-type]
         )
 
     # -- CUDA tensors (Ext 5) ---------------------------------------------------------
@@ -552,10 +599,12 @@ class ShmSendPool:
         if isinstance(nbytes, CudaNeed):
             return self.loan_cuda(nbytes.device, t_dtype, shape, nbytes.nbytes)
         if nbytes > self.alloc.largest:
-            raise ValueError(
-                f"a loan of {nbytes} bytes does not fit the pool's largest slot "
-                f"({self.config.describe()})"
-            )
+            if self.big is None:
+                raise ValueError(
+                    f"a loan of {nbytes} bytes does not fit the pool's largest slot "
+                    f"({self.config.describe()}) and this pool has no arena (large_limit=None)"
+                )
+            return self._loan_big(kind, np_dtype, t_dtype, shape, nbytes)
         with self.lock:
             slot = self.alloc.allocate(nbytes)
             if slot is None:
@@ -564,6 +613,28 @@ class ShmSendPool:
             gen = self.alloc.generation(slot)
         base = np.frombuffer(self._buf, np.uint8, count=nbytes, offset=self.layout.offsets[slot])
         fin = weakref.finalize(base, self.loan_returns.append, (slot, gen))
+        fin.atexit = False
+        if kind == KIND_NUMPY:
+            return base.view(np_dtype).reshape(shape)
+        return torch_module().from_numpy(base).view(t_dtype).reshape(shape)
+
+    def _loan_big(
+        self, kind: str, np_dtype: Any, t_dtype: Any, shape: tuple[int, ...], nbytes: int
+    ) -> Any:
+        """A loan larger than every slot: a range of the arena (``None`` while the
+        limit is used up)."""
+        big = self.big
+        assert big is not None
+        with self.lock:
+            index = big.allocate(nbytes)  # may raise SharedMemoryFull
+            if index is None:
+                return None
+            tag = big_tag(index)
+            self.loans.add(tag)
+            gen = big.generation(index)
+            base = np.frombuffer(big.view(index, nbytes), np.uint8)
+            big.loaned_at[base.__array_interface__["data"][0]] = index
+        fin = weakref.finalize(base, self.loan_returns.append, (tag, gen))
         fin.atexit = False
         if kind == KIND_NUMPY:
             return base.view(np_dtype).reshape(shape)

@@ -300,3 +300,36 @@ def test_a_broadcast_sends_an_array_larger_than_every_slot_to_every_reader(
         finally:
             for s in subs:
                 s.close()
+
+
+@pytest.mark.anyio
+async def test_a_loan_larger_than_every_slot_comes_from_the_arena_and_is_sent_without_a_copy() -> (
+    None
+):
+    a, b = await apair(SMALL, SMALL)
+    async with a, b:
+        x = await a.loan((3 * MiB,), np.uint8)  # no slot of SMALL holds it
+        big = a._core.pool.big  # type: ignore[attr-defined]
+        assert big.in_use() == 1 and a.statistics().loans_outstanding == 1
+        x[:] = 9
+        x[-1] = 7
+        await a.send({"x": x})
+        got = (await b.receive())["x"]
+        assert got[0] == 9 and got[-1] == 7 and got.shape == (3 * MiB,)
+        st = a.statistics()
+        assert st.loans_outstanding == 0 and st.large_sent == 1 and st.large_in_use == 1
+        with pytest.raises(Exception, match="no longer loaned"):
+            await a.send(x)  # a loan goes once
+        del got, x
+        gc.collect()
+        for _ in range(2):
+            await a.send(0)
+            assert await b.receive() == 0
+        assert big.in_use() == 0 and big.outstanding == 0
+        y = await a.loan((2 * MiB,), np.uint8)  # dropped unsent: it comes back
+        assert big.in_use() == 1
+        del y
+        gc.collect()
+        await a.send(0)
+        assert await b.receive() == 0
+        assert big.in_use() == 0 and a.statistics().loans_outstanding == 0
