@@ -229,7 +229,9 @@ def join_handshake(rank: int | None) -> JoinGen:
 
 
 def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
-    return recv_with_fds(sock, 4)  # the ring, the pool, the arena (and one too many)
+    data, fds = recv_with_fds(sock, 4)  # the ring, the pool, the arena (and one too many)
+    assert fds is not None  # (strict: a cut-off raised)
+    return data, fds
 
 
 _JOIN_CLOSED = "the writer closed the connection during the join"

@@ -71,11 +71,19 @@ class HandshakeResult:
     peer_pool: PeerPool | None
 
 
-Received = tuple[bytes, list[int]]
+Received = tuple[bytes, "list[int] | None"]
 HandshakeGen = Generator[Step, Received, HandshakeResult]
+_TOO_MANY = f"more descriptors than a handshake message carries ({MAX_SEGMENTS})"
 
 
-def _recv_message(hs: Handshake, fds: list[int]) -> Generator[Step, Received, Any]:
+class Descriptors(list[int]):
+    """The descriptors received during a handshake (the receiver closes them);
+    ``cut``: the peer sent more than a message carries (the kernel cut them off)."""
+
+    cut = False
+
+
+def _recv_message(hs: Handshake, fds: Descriptors) -> Generator[Step, Received, Any]:
     """The next handshake message; the descriptors that came with its bytes are added
     to ``fds`` (the caller closes them, whatever happens)."""
     while True:
@@ -83,7 +91,10 @@ def _recv_message(hs: Handshake, fds: list[int]) -> Generator[Step, Received, An
         if msg is not None:
             return msg
         data, got = yield ("recv", None)
-        fds.extend(got)
+        if got is None:
+            fds.cut = True
+        else:
+            fds.extend(got)
         hs.receive_data(data)
 
 
@@ -231,7 +242,7 @@ def client_handshake(
     seg = Segment.create(2 * lane, keep_going)
     own: OwnPool | None = None
     peer: PeerPool | None = None
-    got: list[int] = []  # descriptors received: ours to close
+    got = Descriptors()  # received: ours to close
     try:
         init_ring(seg.buf, 0, capacity)
         init_ring(seg.buf, lane, capacity)
@@ -255,6 +266,8 @@ def client_handshake(
             own[0].close_fd()
         welcome = yield from _recv_message(hs, got)
         assert isinstance(welcome, Welcome)
+        if got.cut:
+            raise HandshakeError(f"the listener passed {_TOO_MANY}")
         if welcome.version not in SUPPORTED_VERSIONS:
             raise HandshakeError(f"the listener chose unsupported version {welcome.version}")
         seg.unlink()  # the server has attached: the names can go
@@ -286,7 +299,7 @@ def server_handshake(
     a client cannot point the server at another process's segments (whose names are
     visible in ``/dev/shm`` while that process's handshake is in flight)."""
     hs = Handshake("server")
-    got: list[int] = []  # descriptors received: ours to close, whatever happens
+    got = Descriptors()  # received: ours to close, whatever happens
     try:
         hello = yield from _recv_message(hs, got)
     except HandshakeError as exc:
@@ -308,6 +321,8 @@ def server_handshake(
     ok = False
     try:
         try:
+            if got.cut:
+                raise HandshakeError(f"the client passed {_TOO_MANY}")
             version = choose_version(hello.versions)
             validate_hello(hello, max_capacity=max_capacity, nfds=len(got))
             if own_names:  # (a memory file came from the client itself)
@@ -350,7 +365,7 @@ def server_handshake(
         if own is not None:
             own[0].close_fd()
         yield from _recv_message(hs, got)  # Ready: the client attached our pool
-        if got:
+        if got or got.cut:
             raise HandshakeError(f"client pid {hello.pid} passed descriptors with Ready")
         _unlink_own(own)
         ok = True
@@ -392,7 +407,7 @@ _CLOSED = "the peer closed the connection during the handshake"
 
 
 def _recv(sock: socket.socket) -> Received:
-    return recv_with_fds(sock, MAX_SEGMENTS)
+    return recv_with_fds(sock, MAX_SEGMENTS, strict=False)
 
 
 _EOF: Received = (b"", [])  # (read only: the handshake only extends from it)

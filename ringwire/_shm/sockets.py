@@ -198,15 +198,20 @@ what the receive callable returned (``eof`` at end of file or on a reset connect
 a send with ``eof``."""
 
 
-def recv_with_fds(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
+def recv_with_fds(
+    sock: socket.socket, maxfds: int, strict: bool = True
+) -> tuple[bytes, list[int] | None]:
     """Receive bytes and the descriptors that came with them (at most ``maxfds``; the
-    caller owns and closes them).  Raises :class:`~ringwire.HandshakeError` when the
-    peer sent more (the kernel cut them off and closed the rest; the ones that did
-    arrive are closed here)."""
+    caller owns and closes them).  When the peer sent more, the kernel cut them off
+    (and closed the rest); the ones that did arrive are closed here, and then
+    ``strict`` raises :class:`~ringwire.HandshakeError`, else the descriptors are
+    ``None`` (the bytes still count: the handshake can answer with a refusal)."""
     data, fds, flags, _ = socket.recv_fds(sock, 65536, maxfds)
     if flags & getattr(socket, "MSG_CTRUNC", 0):
         for fd in fds:
             os.close(fd)
+        if not strict:
+            return data, None
         raise HandshakeError(
             f"the peer passed more descriptors than a handshake message carries ({maxfds})"
         )
