@@ -51,14 +51,20 @@ from typing import Any
 import posix_ipc
 
 from .._errors import SegmentError, SharedMemoryFull, SlotRefused
+from .._wire.descriptors import SlotRef
 from .._wire.names import new_segment_name
 from .segment import (
     ENV_KIND,
     SEALS,
+    SHORT_OF_MEMORY,
     huge_pages_on_shmem,
     memory_limit,
+    populate_huge,
     segment_kind,
     unlink_segment,
+)
+from .segment import (
+    HUGE_PAGE as _HUGE,
 )
 
 __all__ = [
@@ -77,9 +83,7 @@ ARENA_SIZE = 1 << 40
 DEFAULT_LARGE_LIMIT = 2 << 30
 BIG_HI = 0x3FFF_FFFF
 _PAGE = mmap.PAGESIZE
-_HUGE = 2 << 20
 _MAX_ENTRIES = 1 << 16
-_MADV_POPULATE_WRITE = 23  # Linux 5.14 (not in Python 3.11's mmap module)
 FREE, LOANED, SENT = 0, 1, 2
 _MASK64 = (1 << 64) - 1
 
@@ -150,13 +154,14 @@ class ArenaFile:
 
 
 class _Entry:
-    __slots__ = ("offset", "length", "status", "map")
+    __slots__ = ("offset", "length", "status", "map", "loan_addr")
 
     def __init__(self, offset: int, length: int, mm: mmap.mmap) -> None:
         self.offset = offset
         self.length = length
         self.status = LOANED
         self.map: mmap.mmap | None = mm
+        self.loan_addr = 0  # a loan's first byte in this process (see loaned_at)
 
 
 class ArenaAllocator:
@@ -216,6 +221,27 @@ class ArenaAllocator:
         self._entries[index] = _Entry(start, length, mm)
         self.outstanding += length
         return index
+
+    def lend(self, index: int, addr: int) -> None:
+        """Entry ``index`` is loaned as an array starting at ``addr`` (a send of an
+        array starting there sends the range, see ``loaned_at``)."""
+        self._entries[index].loan_addr = addr
+        self.loaned_at[addr] = index
+
+    def ref(self, index: int, nbytes: int, shape: Any, wire: Any, kind: Any) -> SlotRef:
+        """The reference to the first ``nbytes`` of entry ``index`` (an array of
+        ``shape`` and wire dtype ``wire``)."""
+        return SlotRef(
+            version=1,
+            pool=self.pool_id,
+            slot=index,
+            generation=self.generation(index),
+            offset=self._entries[index].offset,
+            nbytes=nbytes,
+            shape=tuple(shape),
+            dtype=wire,
+            kind=kind,
+        )
 
     def offset_of(self, index: int) -> int:
         return self._entries[index].offset
@@ -297,11 +323,10 @@ class ArenaAllocator:
         try:
             if self.huge and length >= _HUGE:
                 try:
-                    mm.madvise(mmap.MADV_HUGEPAGE)
-                    mm.madvise(_MADV_POPULATE_WRITE)
+                    populate_huge(mm, length)
                     return mm
                 except OSError as exc:
-                    if exc.errno in (errno.ENOMEM, errno.EFAULT, errno.ENOSPC):
+                    if exc.errno in SHORT_OF_MEMORY:
                         mm.madvise(mmap.MADV_REMOVE)
                         raise self._full(length, exc) from None
                     # no MADV_POPULATE_WRITE (older kernel): reserve the plain way
@@ -330,9 +355,8 @@ class ArenaAllocator:
 
     def _free_entry(self, index: int, punch: bool) -> None:
         entry = self._entries.pop(index)
-        if self.loaned_at:
-            for addr in [a for a, i in self.loaned_at.items() if i == index]:
-                del self.loaned_at[addr]
+        if entry.loan_addr:
+            del self.loaned_at[entry.loan_addr]
         self._generation[index] = self.generation(index) + 1
         self._spare.append(index)
         self.outstanding -= entry.length

@@ -61,7 +61,10 @@ __all__ = [
     "memfd_supported",
     "memory_limit",
     "pid_alive",
+    "HUGE_PAGE",
+    "SHORT_OF_MEMORY",
     "huge_pages_on_shmem",
+    "populate_huge",
     "segment_kind",
     "thp_shmem",
     "stale_segments",
@@ -143,7 +146,7 @@ def memory_limit() -> str:
     return "the machine's memory (no memory cgroup limit applies)"
 
 
-_HUGE = 2 << 20
+HUGE_PAGE = _HUGE = 2 << 20
 _MADV_POPULATE_WRITE = 23  # Linux 5.14 (not in Python 3.11's mmap module)
 _SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 
@@ -167,33 +170,41 @@ def huge_pages_on_shmem() -> bool:
     return thp_shmem() in ("always", "within_size", "advise", "force")
 
 
-def _populate_huge(
-    fd: int, size: int, keep_going: Callable[[], None] | None
-) -> mmap.mmap | None:
-    """Size memory file ``fd``, map it with ``MADV_HUGEPAGE`` and reserve it by faulting
-    every page in (``MADV_POPULATE_WRITE``, in chunks that ask ``keep_going``): the
-    faults take transparent huge pages where the kernel has them, where a reservation
-    with ``posix_fallocate`` would take small pages.  ``None`` when the kernel cannot
-    populate (older than 5.14): the caller reserves the plain way.  Raises
-    :class:`SharedMemoryFull` when the memory cannot be had (an error, never a
-    SIGBUS)."""
+def populate_huge(buf: mmap.mmap, size: int, keep_going: Callable[[], None] | None = None) -> None:
+    """Ask for transparent huge pages on mapping ``buf`` (``MADV_HUGEPAGE``) and reserve
+    its first ``size`` bytes by faulting every page in (``MADV_POPULATE_WRITE``, in
+    chunks that ask ``keep_going``): the faults take huge pages where the kernel has
+    them, where ``posix_fallocate`` would take small pages, and a shortage is an
+    ``OSError`` (``ENOMEM``, ``EFAULT``, ``ENOSPC``), never a SIGBUS.  ``EINVAL`` /
+    ``ENOSYS`` / ``EOPNOTSUPP``: the kernel cannot populate (older than 5.14)."""
+    buf.madvise(mmap.MADV_HUGEPAGE)
+    off = 0
+    while off < size:
+        n = min(_CHUNK, size - off)
+        buf.madvise(_MADV_POPULATE_WRITE, off, n)
+        off += n
+        if keep_going is not None and off < size:
+            keep_going()
+
+
+_CANNOT_POPULATE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+SHORT_OF_MEMORY = (errno.ENOMEM, errno.EFAULT, errno.ENOSPC)
+
+
+def _populate_huge(fd: int, size: int, keep_going: Callable[[], None] | None) -> mmap.mmap | None:
+    """Size memory file ``fd``, map it and reserve it with :func:`populate_huge`.
+    ``None`` when the kernel cannot populate: the caller reserves the plain way.
+    Raises :class:`SharedMemoryFull` when the memory cannot be had."""
     os.ftruncate(fd, size)
     buf = mmap.mmap(fd, size)
     try:
-        buf.madvise(mmap.MADV_HUGEPAGE)
-        off = 0
-        while off < size:
-            n = min(_CHUNK, size - off)
-            buf.madvise(_MADV_POPULATE_WRITE, off, n)
-            off += n
-            if keep_going is not None and off < size:
-                keep_going()
+        populate_huge(buf, size, keep_going)
     except OSError as exc:
         buf.close()
-        if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) and off == 0:
+        if exc.errno in _CANNOT_POPULATE:
             os.ftruncate(fd, 0)
             return None
-        if exc.errno in (errno.ENOMEM, errno.EFAULT, errno.ENOSPC):
+        if exc.errno in SHORT_OF_MEMORY:
             raise _full(exc, size, "memfd") from None
         raise SegmentError(f"cannot reserve {size} bytes of a memory file: {exc}") from exc
     except BaseException:

@@ -154,9 +154,13 @@ class JoinResult:
     rest: bytes  # what followed Joined on the socket (an early abort, say)
 
 
+def _kind(spec: SegmentSpec) -> str:
+    """A passed segment's kind: its label says (a named one's name is gone)."""
+    return "memfd" if is_memfd_label(spec.name) else "named"
+
+
 def _attach_fd(fd: int, spec: SegmentSpec) -> Segment:
-    kind = "memfd" if is_memfd_label(spec.name) else "named"
-    return Segment.from_fd(fd, spec.name, spec.size, kind)
+    return Segment.from_fd(fd, spec.name, spec.size, _kind(spec))
 
 
 JoinGen = Generator[Step, tuple[bytes, list[int]], JoinResult]
@@ -204,8 +208,7 @@ def join_handshake(rank: int | None) -> JoinGen:
                 check_ring(pseg.buf, msg.lane_offset, RELEASE_CAPACITY)
                 mapper = None
                 if msg.arena is not None:
-                    kind = "memfd" if is_memfd_label(msg.arena.name) else "named"
-                    check_descriptor(fds[2], msg.arena.name, msg.arena.size, kind)
+                    check_descriptor(fds[2], msg.arena.name, msg.arena.size, _kind(msg.arena))
                     mapper = ArenaMapper(os.dup(fds[2]), msg.arena.size, layout.pool_id)
                 pool = (pseg, layout, mapper)
         except (SegmentError, RingCorrupted, RingwireError, ValueError) as exc:

@@ -98,9 +98,9 @@ def _recv_message(hs: Handshake, fds: Descriptors) -> Generator[Step, Received, 
         hs.receive_data(data)
 
 
-def _spec(seg: Segment, role: str, fds: list[int]) -> SegmentSpec:
-    """How ``seg`` is announced: by name, or as the next of the descriptors ``fds``
-    sent with the message."""
+def _spec(seg: Segment | ArenaFile, role: str, fds: list[int]) -> SegmentSpec:
+    """How ``seg`` (a segment or an arena's file) is announced: by name, or as the
+    next of the descriptors ``fds`` sent with the message."""
     if seg.kind == "memfd":
         fds.append(seg.fd)
         return SegmentSpec(seg.name, seg.size, role, fd=len(fds) - 1)
@@ -112,13 +112,6 @@ def _attach(spec: SegmentSpec, fds: Sequence[int]) -> Segment:
     if spec.fd == -1:
         return Segment.attach(spec.name, spec.size)
     return Segment.from_fd(fds[spec.fd], spec.name, spec.size, "memfd")
-
-
-def _arena_spec(arena: ArenaFile, fds: list[int]) -> SegmentSpec:
-    if arena.kind == "memfd":
-        fds.append(arena.fd)
-        return SegmentSpec(arena.name, arena.size, "arena", fd=len(fds) - 1)
-    return SegmentSpec(arena.name, arena.size, "arena")
 
 
 def _open_arena(spec: SegmentSpec, fds: Sequence[int], pool_id: int) -> ArenaMapper:
@@ -190,7 +183,7 @@ def _make_pool(
             arena = ArenaFile()
         specs.append(_spec(pseg, "slots", out))
         if arena is not None:
-            specs.append(_arena_spec(arena, out))
+            specs.append(_spec(arena, "arena", out))
     except BaseException:
         pseg.unlink()
         pseg.close()

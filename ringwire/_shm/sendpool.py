@@ -87,6 +87,7 @@ def _address(buf: Any) -> int:
 
 # -- the producer's side -----------------------------------------------------------------
 
+
 class ShmSendPool:
     """The producer's view of its own pool: allocation, loans, releases, receipts
     (a :class:`~ringwire._pool.protocols.SendPool`).
@@ -347,25 +348,14 @@ class ShmSendPool:
                 view.release()
             with self.lock:
                 big.mark_sent(index)
-                gen = big.generation(index)
-                offset = big.offset_of(index)
+                ref = big.ref(index, nbytes, obj.shape, wire, kind)
         except BaseException:
             with self.lock:
                 big.cancel(index)
             raise
         self.large_sent += 1
-        record.append((tag, gen, False))
-        return SlotRef(
-            version=1,
-            pool=big.pool_id,
-            slot=index,
-            generation=gen,
-            offset=offset,
-            nbytes=nbytes,
-            shape=tuple(obj.shape),
-            dtype=wire,
-            kind=kind,
-        )
+        record.append((tag, ref.generation, False))
+        return ref
 
     def _place_big_loan(
         self, obj: Any, addr: int, nbytes: int, contiguous: bool, placement: Placement
@@ -390,21 +380,10 @@ class ShmSendPool:
                 wire, kind = torch_dtype_to_wire(obj.dtype), KIND_TORCH
             big.mark_sent(index)
             self.loans.discard(tag)
-            gen = big.generation(index)
-            offset = big.offset_of(index)
+            ref = big.ref(index, nbytes, obj.shape, wire, kind)
         self.large_sent += 1
-        placement.append((tag, gen, True))
-        return SlotRef(
-            version=1,
-            pool=big.pool_id,
-            slot=index,
-            generation=gen,
-            offset=offset,
-            nbytes=nbytes,
-            shape=tuple(obj.shape),
-            dtype=wire,
-            kind=kind,  # type: ignore[arg-type]
-        )
+        placement.append((tag, ref.generation, True))
+        return ref
 
     # -- CUDA tensors (Ext 5) ---------------------------------------------------------
 
@@ -633,7 +612,7 @@ class ShmSendPool:
             self.loans.add(tag)
             gen = big.generation(index)
             base = np.frombuffer(big.view(index, nbytes), np.uint8)
-            big.loaned_at[base.__array_interface__["data"][0]] = index
+            big.lend(index, base.__array_interface__["data"][0])
         fin = weakref.finalize(base, self.loan_returns.append, (tag, gen))
         fin.atexit = False
         if kind == KIND_NUMPY:
