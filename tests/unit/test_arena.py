@@ -18,7 +18,7 @@ from support.extras import needs_torch, torch
 from support.slots import apair, spair
 
 from ringwire import DecodeError, SlotClass, SlotConfig, SlotsExhausted
-from ringwire._errors import SlotRefused
+from ringwire._errors import SlotMisuse, SlotRefused
 from ringwire._pool.arena import (
     ARENA_SIZE,
     ArenaAllocator,
@@ -318,7 +318,7 @@ async def test_a_loan_larger_than_every_slot_comes_from_the_arena_and_is_sent_wi
         assert got[0] == 9 and got[-1] == 7 and got.shape == (3 * MiB,)
         st = a.statistics()
         assert st.loans_outstanding == 0 and st.large_sent == 1 and st.large_in_use == 1
-        with pytest.raises(Exception, match="no longer loaned"):
+        with pytest.raises(SlotMisuse, match="no longer loaned"):
             await a.send(x)  # a loan goes once
         del got, x
         gc.collect()

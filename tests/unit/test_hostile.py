@@ -780,11 +780,27 @@ async def test_hostile_handshakes_are_refused_and_the_listener_keeps_working(
     assert our_names() == before
 
 
+def _serves_an_honest_client(sl: SyncListener, path: str) -> None:
+    """The blocking listener ``sl`` accepts an honest client (after hostile ones) and
+    carries a record to it."""
+    import threading
+
+    out: list[Any] = []
+    t = threading.Thread(
+        target=lambda: out.append(connect_sync(path, slots=POOL, handshake_timeout=10))
+    )
+    t.start()
+    conn = sl.accept(timeout=10)
+    t.join()
+    with conn, out[0] as client:
+        client.send(np.arange(10_000))
+        assert conn.receive(timeout=5)[-1] == 9_999
+
+
 def test_sync_listener_survives_hostile_handshakes(tmp_path: Any) -> None:
     """The blocking listener runs each handshake in accept(): a hostile one must be
     refused there, never raised out of accept() (a Hello with bad UTF-8 used to raise
     UnicodeDecodeError through it, ending the server's accept loop)."""
-    import threading
 
     path = str(tmp_path / "sync.sock")
     before = our_names()
@@ -798,16 +814,7 @@ def test_sync_listener_survives_hostile_handshakes(tmp_path: Any) -> None:
             with contextlib.suppress(OSError):
                 sk.sendall(data)
             socks.append(sk)
-        out: list[Any] = []
-        t = threading.Thread(
-            target=lambda: out.append(connect_sync(path, slots=POOL, handshake_timeout=10))
-        )
-        t.start()
-        conn = sl.accept(timeout=10)  # the honest client, after every hostile one
-        t.join()
-        with conn, out[0] as client:
-            client.send(np.arange(10_000))
-            assert conn.receive(timeout=5)[-1] == 9_999
+        _serves_an_honest_client(sl, path)
         for sk in socks:
             sk.close()
         assert sl.statistics().refused == len(quick)
@@ -1039,7 +1046,6 @@ def test_sync_listener_refuses_hostile_descriptors_and_keeps_none(tmp_path: Any)
     """The blocking listener runs each handshake in accept(): the same descriptor
     attacks are refused there (never raised out of accept()), the honest client after
     them is accepted, and no received descriptor stays open."""
-    import threading
 
     path = str(tmp_path / "sfd.sock")
     before = our_names()
@@ -1056,16 +1062,7 @@ def test_sync_listener_refuses_hostile_descriptors_and_keeps_none(tmp_path: Any)
                 for fd in fds:
                     os.close(fd)
             socks.append(sk)
-        out: list[Any] = []
-        t = threading.Thread(
-            target=lambda: out.append(connect_sync(path, slots=POOL, handshake_timeout=10))
-        )
-        t.start()
-        conn = sl.accept(timeout=10)  # the honest client, after every hostile one
-        t.join()
-        with conn, out[0] as client:
-            client.send(np.arange(10_000))
-            assert conn.receive(timeout=5)[-1] == 9_999
+        _serves_an_honest_client(sl, path)
         for sk in socks:
             sk.close()
         assert sl.statistics().refused == len(DESCRIPTOR_ATTACKS)
