@@ -118,6 +118,9 @@ class BroadcastStatistics:
     loans_outstanding: int = 0
     inline_fallbacks: int = 0
     slots_reclaimed: int = 0  # slot shares given up for readers that went
+    large_sent: int = 0  # arrays larger than every slot class sent (through the arena)
+    large_in_use: int = 0  # of those, not released by every reader yet
+    large_bytes_in_use: int = 0
     remote_readers: int = 0  # of ``readers``, those on other hosts
     remote_bytes_queued: int = 0  # record bytes sent to remote readers, not consumed yet
 
@@ -130,6 +133,9 @@ _SLOT_FIELDS = {
     "loans_outstanding",
     "inline_fallbacks",
     "slots_reclaimed",
+    "large_sent",
+    "large_in_use",
+    "large_bytes_in_use",
 }
 
 

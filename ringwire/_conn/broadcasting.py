@@ -421,6 +421,7 @@ def _serve_remote(
         insecure=remote["insecure"],
         keys=remote["keys"],
         offer_nixl=False,
+        clamp_capacity=True,
     )
     try:
         from .._net.fanout import Fanout, FanoutWriter
@@ -478,7 +479,7 @@ def broadcast(
     loss), ``stall_timeout`` and receipts.  Each step travels once over each remote
     reader's connection, its arrays as ZeroMQ frames sent straight from the slot.  The
     writer's queue for each remote reader is its credit window: at most ``capacity``
-    record bytes sent and not consumed (arrays: the slot pool, whose slots a remote
+    (or the reader's smaller ``capacity``) record bytes sent and not consumed (arrays: the slot pool, whose slots a remote
     reader holds until its views of them die); when it is full a send waits, as for a
     full ring.  A non-loopback address needs ``keys`` (:class:`ServerKeys`: CURVE, only
     the listed clients) or ``insecure=True``.

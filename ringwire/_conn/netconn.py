@@ -139,11 +139,13 @@ def open_acceptor(
     keys: Any = None,
     backlog: int = 128,
     offer_nixl: bool = True,
+    clamp_capacity: bool = False,
 ) -> Any:
     """Bind the rendezvous at ``url``, with CURVE when ``keys`` (a
     :class:`~ringwire.ServerKeys`) are given.  A non-loopback address needs keys or
     ``insecure=True``.  ``offer_nixl=False``: tensors travel as frames on every
-    connection.  Raises ``ValueError`` / ``OSError`` naming the address."""
+    connection; ``clamp_capacity``: a client asking for a larger lane than
+    ``max_capacity`` gets ``max_capacity`` (instead of a refusal).  Raises ``ValueError`` / ``OSError`` naming the address."""
     hs = check_bind(url, insecure, keys)
     return hs.NetAcceptor(
         url,
@@ -155,6 +157,7 @@ def open_acceptor(
         keys=keys,
         backlog=backlog,
         offer_nixl=offer_nixl,
+        clamp_capacity=clamp_capacity,
     )
 
 

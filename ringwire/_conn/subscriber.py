@@ -436,7 +436,7 @@ async def subscribe(
     another host, with the same API and promises; ``keys`` (:class:`ClientKeys`) when
     the writer has keys, ``heartbeat`` seconds of silence that count as a lost
     writer, ``capacity`` the bytes of records in flight to it (its queue at the
-    writer: at most the writer's ``capacity``).  ``keys``, ``heartbeat`` and
+    writer; the writer's own ``capacity`` if that is smaller).  ``keys``, ``heartbeat`` and
     ``capacity`` are ignored for a Unix path.
 
     Raises :class:`HandshakeError` if the writer refuses (rank taken, every rank

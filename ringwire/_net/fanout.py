@@ -41,6 +41,14 @@ parked readers), then every connection gets the record.  The slot stays held for
 remote reader (its bit in the holder mask) until its release comes back over the
 connection, so after ZeroMQ sent it.
 
+Frames in flight: ZeroMQ reads a frame's slot until it has written it to the kernel.
+A reader that releases a slot received it whole, so that is over; but a reader that
+is dropped or lost may leave frames queued on its closed socket (ZeroMQ flushes a
+closed socket for a while, :mod:`.zmqlife`).  So every frame is sent with a ZeroMQ
+tracker, and the shares of a reader that went are given up
+(:meth:`Fanout.when_sent`) only once every frame sent before it went is done with:
+until then its rank is not handed out again, and its slots are not reused.
+
 Bounded memory: a connection's credit window (the reader's ``capacity``, at most the
 broadcast's) is the writer's queue for that reader, in record bytes; arrays are
 bounded by the slot pool, whose shares a slow reader keeps.  A full window makes the
@@ -54,20 +62,26 @@ Records with CUDA IPC references (Ext 5) cannot reach another host:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import select
+import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import zmq
 
 from .._errors import HandshakeError, ProtocolError, ReaderStalled, SlotRefused
 from .._wire import ext as X
 from .._wire.broadcast_control import RemoteJoined, decode_remote_join, encode_remote
 from .._wire.descriptors import NetRef, SlotRef, decode_descriptor
 from .pools import Framed
+from .zmqlife import GRACE, LINGER_MS, reap
 
 __all__ = ["Fanout", "FanoutWriter", "RemoteReader", "to_frames"]
 
@@ -77,7 +91,17 @@ logger = logging.getLogger("ringwire")
 _EXT4 = re.compile(rb"[\xd4-\xd8]\x04|\xc7.\x04|\xc8..\x04|\xc9....\x04", re.S)
 _NESTED = (X.TUPLE, X.SET, X.FROZENSET)  # codes whose body is msgpack again
 _enc = msgspec.msgpack.Encoder()
-_ACCEPTOR = -1
+_SENT_PATIENCE = GRACE + LINGER_MS / 1000 + 5.0  # seconds a closed socket may hold frames
+
+
+def _wake_when_sent(trackers: list[Any], wake: Callable[[], None]) -> None:
+    """(A thread) Wait until ZeroMQ has let go of ``trackers``' frames -- closing the
+    retired sockets whose grace is over meanwhile -- then ``wake()`` the writer."""
+    deadline = time.monotonic() + _SENT_PATIENCE
+    while not all(t.done for t in trackers) and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.05)
+    wake()
 
 
 def to_frames(payload: bytes, memory_of: Callable[[SlotRef], tuple[Any, int]]) -> bytes:
@@ -173,8 +197,14 @@ class Fanout:
         self.refused = 0
         self.sent = 0  # records put on connections
         self._prepared: tuple[Any, Any] = (None, None)  # (payload, what goes out)
+        self._inflight: deque[list[Any]] = deque()  # trackers of the frames sent
+        self._after: list[tuple[int, list[Any], Callable[[], None]]] = []  # when_sent
         self._ep = select.epoll()
         self._ep.register(acceptor.fileno(), select.EPOLLIN)
+        self._wake_r, self._wake_w = socket.socketpair()  # (when_sent's thread rings it)
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._ep.register(self._wake_r.fileno(), select.EPOLLIN)
         self.closed = False
 
     def __repr__(self) -> str:
@@ -196,6 +226,11 @@ class Fanout:
         if self.closed:
             return
         ready = {fd for fd, _ in self._ep.poll(0)}
+        if self._wake_r.fileno() in ready:
+            with contextlib.suppress(OSError):
+                self._wake_r.recv(4096)
+        if self._after:
+            self._run_after()
         if self.acceptor.fileno() in ready or self.acceptor.next_deadline() is not None:
             done, refusals = self.acceptor.step()
             for exc in refusals:
@@ -315,6 +350,42 @@ class Fanout:
         self._forget(rr)
         return rr
 
+    def when_sent(self, rank: int, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once ZeroMQ is done with every frame sent so far (at once if it
+        is; else from a later :meth:`poll`, which a thread wakes); meanwhile ``rank``
+        is :meth:`held`."""
+        inflight = self._inflight
+        while inflight and all(t.done for t in inflight[0]):
+            inflight.popleft()
+        pending = [t for trackers in inflight for t in trackers if not t.done]
+        if not pending:
+            fn()
+            return
+        self._after.append((rank, pending, fn))
+        threading.Thread(
+            target=_wake_when_sent,
+            args=(pending, self._wake),
+            name="ringwire-fanout-sent",
+            daemon=True,
+        ).start()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"w")
+
+    def _run_after(self) -> None:
+        keep = []
+        for rank, pending, fn in self._after:
+            if all(t.done for t in pending):
+                fn()
+            else:
+                keep.append((rank, pending, fn))
+        self._after = keep
+
+    def held(self, rank: int) -> bool:
+        """Is ``rank`` admitted, or waiting for the frames sent to its last reader?"""
+        return rank in self.conns or any(r == rank for r, _, _ in self._after)
+
     def fail(self, reason: str) -> None:
         """The broadcast failed: tell every remote reader ``reason``, close them all."""
         for rr in list(self._by_fd.values()):
@@ -332,7 +403,11 @@ class Fanout:
             if self.memory_of is None:
                 out = payload
             else:
-                out = to_frames(payload, self.memory_of)
+                framed: Any = to_frames(payload, self.memory_of)
+                frames = getattr(framed, "frames", None)
+                if frames:  # tracked: see "Frames in flight"
+                    framed.frames = [zmq.Frame(f, track=True) for f in frames]
+                out = framed
             self._prepared = (payload, out)
         n = len(out)
         for rr in self.conns.values():
@@ -350,6 +425,12 @@ class Fanout:
         for rr in self.conns.values():
             rr.t.tx.try_write(out)
         self.sent += 1
+        frames = getattr(out, "frames", None)
+        if frames and self.conns:
+            inflight = self._inflight
+            inflight.append([f.tracker for f in frames])
+            while len(inflight) > 64 and all(t.done for t in inflight[0]):
+                inflight.popleft()
 
     def stalled(self, size: int, waited: float) -> ReaderStalled | None:
         """The error naming the remote readers without credit for ``size`` bytes after
@@ -384,6 +465,8 @@ class Fanout:
             self._forget(rr)
         self.acceptor.close()
         self._ep.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class FanoutWriter:

@@ -455,9 +455,12 @@ class NetAcceptor:
         keys: ServerKeys | None = None,
         backlog: int = 128,
         offer_nixl: bool = True,
+        clamp_capacity: bool = False,
     ) -> None:
         self.url = url
         self._offer_nixl = offer_nixl  # (False: tensors travel as frames on every connection)
+        # (True: a client asking for more than max_capacity gets max_capacity towards it)
+        self._clamp = clamp_capacity
         addr = parse_address(url, bind=True)
         self._bind_host = addr.host
         self._max_capacity = max_capacity
@@ -575,7 +578,9 @@ class NetAcceptor:
         return done, refused
 
     def _hello(self, rid: bytes, data: bytes, user: str | None) -> None:
-        hello = check_hello(decode_rendezvous(data, "hello"), self._max_capacity)
+        hello = check_hello(
+            decode_rendezvous(data, "hello"), 1 << 30 if self._clamp else self._max_capacity
+        )
         cap = hello.capacity
         if len(self._pending) >= MAX_PENDING:
             raise HandshakeError(
@@ -693,11 +698,12 @@ class NetAcceptor:
 
     def _transport(self, p: _Pending, fd: int, link: Any, nixl_off: str) -> NetTransport:
         host = f"{p.hello.host} pid {p.hello.pid}"
+        cap = min(p.hello.capacity, self._max_capacity) if self._clamp else p.hello.capacity
         t = _make_transport(
             p.sock,
             p.mon,
-            capacity=p.hello.capacity,
-            peer_capacity=p.hello.capacity,
+            capacity=cap,
+            peer_capacity=cap,
             peer_pid=p.hello.pid,
             peer_fd=fd,
             address=f"{self.url} <- {host}",

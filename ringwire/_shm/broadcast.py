@@ -295,7 +295,7 @@ class BroadcastHub:
 
     def taken(self, rank: int) -> bool:
         """Is ``rank`` held by a reader, here or on another host?"""
-        return rank in self.conns or (self.remote is not None and rank in self.remote.conns)
+        return rank in self.conns or (self.remote is not None and self.remote.held(rank))
 
     # -- readers on other hosts (see the module docstring) ------------------------------
 
@@ -324,8 +324,9 @@ class BroadcastHub:
         up its slot shares, report it (the policy hears of a loss at :meth:`settle`)."""
         rank = reader.rank
         self.live_mask &= ~(1 << rank)
-        if self.pool is not None:
-            self.pool.drop(rank)
+        pool = self.pool
+        if pool is not None:  # (once ZeroMQ no longer reads its frames: fanout.py)
+            self.remote.when_sent(rank, lambda: pool.drop(rank))
         detail = f"on {reader.host!r} {why}"
         if lost:
             self.lost += 1

@@ -279,7 +279,7 @@ class BroadcastPool:
         big = self.send.big
         if big is not None and ref.pool == big.pool_id:
             return big.view(ref.slot, ref.nbytes), big_tag(ref.slot)
-        return self.seg.buf[ref.offset : ref.offset + ref.nbytes], ref.slot
+        return memoryview(self.seg.buf)[ref.offset : ref.offset + ref.nbytes], ref.slot  # (a view)
 
     def _clear(self, tag: int, h: list[int], bit: int) -> None:
         h[1] &= ~bit

@@ -3,12 +3,10 @@ stalls, late joins, and the CPU of parked readers."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,9 +15,12 @@ from support.broadcast import (
     SMALL,
     bpath_fixture,  # noqa: F401  (the bpath fixture)
     digest,
+    expect,
     idle_reader_main,
     reader_main,
+    readers,
     step,
+    wait_until,
     writer_main,
 )
 from support.spawn import SPAWN
@@ -28,47 +29,6 @@ import ringwire
 from ringwire import BrokenResourceError, ReaderStalled
 
 pytestmark = pytest.mark.multiprocess  # every test here starts a process
-
-
-@contextlib.contextmanager
-def readers(target: Any, *args_per_reader: tuple[Any, ...]) -> Iterator[tuple[Any, list[Any]]]:
-    """Spawn one process per argument tuple (each gets ``(path, q, *args)`` from the
-    caller); one queue for what they say; always reaped and closed."""
-    q = SPAWN.Queue()
-    procs = [
-        SPAWN.Process(target=target, args=(*a[:1], q, *a[1:]), daemon=True) for a in args_per_reader
-    ]
-    try:
-        for p in procs:
-            p.start()
-        yield q, procs
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        q.close()
-        q.join_thread()
-
-
-def expect(q: Any, kind: str, n: int, timeout: float = 60) -> list[tuple[Any, ...]]:
-    """The next ``n`` messages of ``kind`` (others are kept for later)."""
-    out, deadline = [], time.monotonic() + timeout
-    while len(out) < n:
-        msg = q.get(timeout=max(0.1, deadline - time.monotonic()))
-        assert msg[0] == kind, msg
-        out.append(msg)
-    return out
-
-
-def wait_until(pred: Any, timeout: float = 5.0) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.001)
-    return time.monotonic() - t0
 
 
 # -- every reader gets every record, in order --------------------------------------------

@@ -4,6 +4,7 @@ processes the process tests spawn (importable by name: spawn passes sys.path on)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -20,6 +21,7 @@ import pytest
 import ringwire
 from ringwire._pool.slotconfig import SlotConfig
 from ringwire._wire.slotlayout import SlotClass
+from support.spawn import SPAWN
 
 SLOTS = SlotConfig(classes=(SlotClass(64 * 1024, 6),), threshold=4096, wait_timeout=None)
 SMALL = 4096  # a small ring: wraparound and backpressure
@@ -180,3 +182,62 @@ def writer_main(path: str, inbox: Any, outbox: Any, n: int, array_bytes: int) ->
             bc.send(step(i, array_bytes if i % 10 == 0 else 0), timeout=30)
         outbox.put(("sent", n))
         time.sleep(120)
+
+
+def remote_writer_main(path: str, inbox: Any, outbox: Any, n: int, array_bytes: int) -> None:
+    """A writer process serving remote readers too: say ``("tcp", address)``, wait for
+    as many readers as ``inbox`` says, send ``n`` records (every tenth with an array),
+    say ``("sent", n)``, then sleep (the test kills it)."""
+    with ringwire.broadcast_sync(
+        path, readers=4, capacity=SMALL * 4, slots=SLOTS, tcp="tcp://127.0.0.1:0"
+    ) as bc:
+        outbox.put(("tcp", bc.tcp_address))
+        bc.wait_ready(int(inbox.get(timeout=30)), timeout=30)
+        for i in range(n):
+            bc.send(step(i, array_bytes if i % 10 == 0 else 0), timeout=30)
+        outbox.put(("sent", n))
+        time.sleep(120)
+
+
+# -- running reader processes (the process tests) --------------------------------------
+
+
+@contextlib.contextmanager
+def readers(target: Any, *args_per_reader: tuple[Any, ...]) -> Iterator[tuple[Any, list[Any]]]:
+    """Spawn one process per argument tuple (each gets ``(path, q, *args)`` from the
+    caller); one queue for what they say; always reaped and closed."""
+    q = SPAWN.Queue()
+    procs = [
+        SPAWN.Process(target=target, args=(*a[:1], q, *a[1:]), daemon=True) for a in args_per_reader
+    ]
+    try:
+        for p in procs:
+            p.start()
+        yield q, procs
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        q.close()
+        q.join_thread()
+
+
+def expect(q: Any, kind: str, n: int, timeout: float = 60) -> list[tuple[Any, ...]]:
+    """The next ``n`` messages of ``kind`` (others are kept for later)."""
+    out, deadline = [], time.monotonic() + timeout
+    while len(out) < n:
+        msg = q.get(timeout=max(0.1, deadline - time.monotonic()))
+        assert msg[0] == kind, msg
+        out.append(msg)
+    return out
+
+
+def wait_until(pred: Any, timeout: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.001)
+    return time.monotonic() - t0
