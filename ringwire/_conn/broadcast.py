@@ -47,10 +47,9 @@ gets ``BrokenResourceError``); a dropped reader that goes on reading finds out a
 (the horizon check of :class:`~ringwire._wire.broadcast_ring.BroadcastReader`), never
 reads overwritten bytes as records.
 
-The seam for remote readers: the endpoint talks to its hub only as a transport plus
-``conns``, ``pid_of``, ``ready_count``, ``drop()``, ``fail()`` and the two
-``stalled_on_*`` namers, so a hub that also forwards to TCP readers (issue "remote
-broadcast readers") needs no change here.
+Readers on other hosts: the hub also serves them (:mod:`ringwire._net.fanout`, one
+rank space), so the policy, ``drop``, ``wait_ready`` and the stall errors cover them
+unchanged; :meth:`BroadcastEndpoint.readers` names their hosts.
 """
 
 from __future__ import annotations
@@ -87,8 +86,9 @@ class ReaderInfo:
     rank: int
     pid: int
     ready: bool  # it attached everything (joined: space is kept for it either way)
-    behind: int  # bytes published that it has not consumed
+    behind: int  # bytes published that it has not consumed (remote: sent, not consumed)
     slots_held: int  # slots it has not released yet
+    host: str = ""  # a remote reader's host ("" for a reader on this host)
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,8 @@ class BroadcastStatistics:
     loans_outstanding: int = 0
     inline_fallbacks: int = 0
     slots_reclaimed: int = 0  # slot shares given up for readers that went
+    remote_readers: int = 0  # of ``readers``, those on other hosts
+    remote_bytes_queued: int = 0  # record bytes sent to remote readers, not consumed yet
 
 
 _SLOT_FIELDS = {
@@ -230,7 +232,7 @@ class BroadcastEndpoint(Endpoint):
         if not self.closed:
             self.slot_safe_point()
         hub, ring, bpool = self.hub, self.hub.writer, self.hub.pool
-        return [
+        out = [
             ReaderInfo(
                 rank=r,
                 pid=c.pid,
@@ -238,13 +240,27 @@ class BroadcastEndpoint(Endpoint):
                 behind=ring.behind(r),
                 slots_held=bpool.held_by(r) if bpool is not None else 0,
             )
-            for r, c in sorted(hub.conns.items())
+            for r, c in hub.conns.items()
         ]
+        if hub.remote is not None:
+            out += [
+                ReaderInfo(
+                    rank=r,
+                    pid=rr.pid,
+                    ready=True,
+                    behind=rr.behind,
+                    slots_held=bpool.held_by(r) if bpool is not None else 0,
+                    host=rr.host,
+                )
+                for r, rr in hub.remote.conns.items()
+            ]
+        return sorted(out, key=lambda info: info.rank)
 
     def statistics(self) -> BroadcastStatistics:  # type: ignore[override]
         hub = self.hub
         slots: dict[str, Any] = {}
         fill = 0
+        remote = list(hub.remote.conns.values()) if hub.remote is not None else []
         if not self.closed:
             self.slot_safe_point()
             fill = hub.writer.used()
@@ -255,18 +271,20 @@ class BroadcastEndpoint(Endpoint):
             bytes_sent=self.b_sent,
             capacity=hub.writer.capacity,
             fill=fill,
-            readers=len(hub.conns),
+            readers=len(hub.conns) + len(remote),
             ready_readers=hub.ready_count,
             joined=hub.joined,
             left=hub.left,
             lost=hub.lost,
             dropped=self.dropped,
-            refused=hub.refused,
+            refused=hub.refused + (hub.remote.refused if hub.remote is not None else 0),
             stalls=self.stalls,
             send_parks=self.send_parks,
             slot_waits=self.slot_waits,
             doorbells_sent=hub.doorbells_sent,
             doorbells_received=hub.doorbells_received,
+            remote_readers=len(remote),
+            remote_bytes_queued=sum(rr.behind for rr in remote),
             **slots,
         )
 

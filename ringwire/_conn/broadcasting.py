@@ -35,13 +35,16 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from .._net.keys import ServerKeys
 from .._pool.slotconfig import DEFAULT_SLOTS, SlotConfig, resolve_config
 from .._shm.broadcast import BroadcastHub
+from .._wire.control import DOORBELL_DATA
 from .async_channel import AsyncSending, AsyncWaker, Receipt
 from .broadcast import LOSS_POLICIES, BroadcastEndpoint, BroadcastStatistics, ReaderInfo, ready
 from .connect import DEFAULT_CAPACITY
 from .endpoint import DEFAULT_SPIN_US
 from .listener import DEFAULT_HANDSHAKE_TIMEOUT
+from .netconn import DEFAULT_HEARTBEAT, check_bind, check_heartbeat, open_acceptor
 from .sync_channel import SyncReceipt, SyncSending, SyncWaker
 from .waits import Loop
 
@@ -88,6 +91,13 @@ class _Common:
     def path(self) -> str:
         """The Unix socket path readers subscribe at."""
         return self._core.hub.path
+
+    @property
+    def tcp_address(self) -> str | None:
+        """The ``tcp://host:port`` remote readers subscribe at (the port bound when
+        ``tcp=`` named port 0), or ``None`` without ``tcp=``."""
+        remote = self._core.hub.remote
+        return None if remote is None else str(remote.address)
 
     @property
     def closed(self) -> bool:
@@ -366,7 +376,16 @@ def _make_core(
     stall_timeout: float | None,
     handshake_timeout: float,
     spin_us: float,
+    remote: dict[str, Any],
 ) -> BroadcastEndpoint:
+    tcp = remote["tcp"]
+    if tcp is not None:
+        if not isinstance(tcp, str):
+            raise TypeError(f"tcp= takes a 'tcp://host:port' string, not {type(tcp).__name__}")
+        check_heartbeat(remote["heartbeat"])
+        check_bind(tcp, remote["insecure"], remote["keys"])  # before anything is made
+    elif remote["keys"] is not None or remote["insecure"]:
+        raise ValueError("keys= and insecure= are for remote readers: give tcp= too")
     if on_reader_loss not in LOSS_POLICIES:
         raise ValueError(f"on_reader_loss must be one of {LOSS_POLICIES}, not {on_reader_loss!r}")
     if stall_timeout is not None and not (stall_timeout > 0 and math.isfinite(stall_timeout)):
@@ -379,12 +398,47 @@ def _make_core(
         handshake_timeout=handshake_timeout,
     )
     try:
+        if tcp is not None:
+            _serve_remote(hub, tcp, capacity, handshake_timeout, remote)
         return BroadcastEndpoint(
             hub, on_reader_loss=on_reader_loss, stall_timeout=stall_timeout, spin_us=spin_us
         )
     except BaseException:
         hub.close()
         raise
+
+
+def _serve_remote(
+    hub: BroadcastHub, tcp: str, capacity: int, handshake_timeout: float, remote: dict[str, Any]
+) -> None:
+    """Bind ``tcp`` for readers on other hosts and make the hub serve them."""
+    acceptor = open_acceptor(
+        tcp,
+        max_capacity=capacity,
+        slots=None,
+        heartbeat=remote["heartbeat"],
+        handshake_timeout=handshake_timeout,
+        insecure=remote["insecure"],
+        keys=remote["keys"],
+        offer_nixl=False,
+    )
+    try:
+        from .._net.fanout import Fanout, FanoutWriter
+
+        pool = hub.pool
+        fanout = Fanout(
+            acceptor,
+            hub,
+            readers=hub.readers,
+            handshake_timeout=handshake_timeout,
+            memory_of=pool.memory_of if pool is not None else None,
+            release=pool.release if pool is not None else None,
+        )
+    except BaseException:
+        acceptor.close()
+        raise
+    hub.attach_remote(fanout)
+    hub.tx = FanoutWriter(hub.writer, fanout, lambda: hub.ring(DOORBELL_DATA))
 
 
 def broadcast(
@@ -397,6 +451,10 @@ def broadcast(
     stall_timeout: float | None = 60.0,
     spin_us: float = DEFAULT_SPIN_US,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    tcp: str | None = None,
+    keys: ServerKeys | None = None,
+    insecure: bool = False,
+    heartbeat: float = DEFAULT_HEARTBEAT,
 ) -> Broadcaster:
     """A broadcast writer at the Unix socket ``path`` (bound now): one writer, up to
     ``readers`` readers (ranks ``0 .. readers - 1``) joining with
@@ -410,10 +468,26 @@ def broadcast(
     waits for readers that are alive but do not read before :class:`ReaderStalled`
     names them (``None``: forever).  ``spin_us`` bounds the spin of a send facing a
     full ring before it parks (``0``: park at once), as a channel's.
-    ``handshake_timeout``: how long a reader may take to join.  Raises
-    :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the ring or the pool,
-    ``OSError`` if another broadcast or listener is live at ``path``, ``ValueError``
-    for a bad ``readers``, ``capacity``, ``on_reader_loss`` or ``stall_timeout``."""
+    ``handshake_timeout``: how long a reader may take to join.
+
+    ``tcp="tcp://host:port"`` also serves readers on other hosts
+    (:func:`ringwire.subscribe` at that address; port 0 binds any free port, see
+    :attr:`~Broadcaster.tcp_address`), in the same rank space, with the same promises:
+    every step in order from the one they joined at, the same ``on_reader_loss``
+    (a death or a partition -- no ZeroMQ heartbeat for ``heartbeat`` seconds -- is a
+    loss), ``stall_timeout`` and receipts.  Each step travels once over each remote
+    reader's connection, its arrays as ZeroMQ frames sent straight from the slot.  The
+    writer's queue for each remote reader is its credit window: at most ``capacity``
+    record bytes sent and not consumed (arrays: the slot pool, whose slots a remote
+    reader holds until its views of them die); when it is full a send waits, as for a
+    full ring.  A non-loopback address needs ``keys`` (:class:`ServerKeys`: CURVE, only
+    the listed clients) or ``insecure=True``.
+
+    Raises :class:`SharedMemoryFull` if ``/dev/shm`` cannot hold the ring or the pool,
+    ``OSError`` if another broadcast or listener is live at ``path`` or ``tcp`` cannot
+    be bound, ``ValueError`` for a bad ``readers``, ``capacity``, ``on_reader_loss``,
+    ``stall_timeout``, ``tcp`` or ``heartbeat`` (or a non-loopback ``tcp`` without
+    keys), ``TypeError`` for keys that are not :class:`ServerKeys`."""
     return Broadcaster(
         _make_core(
             path,
@@ -424,6 +498,7 @@ def broadcast(
             stall_timeout,
             handshake_timeout,
             spin_us,
+            {"tcp": tcp, "keys": keys, "insecure": insecure, "heartbeat": heartbeat},
         )
     )
 
@@ -438,6 +513,10 @@ def broadcast_sync(
     stall_timeout: float | None = 60.0,
     spin_us: float = DEFAULT_SPIN_US,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+    tcp: str | None = None,
+    keys: ServerKeys | None = None,
+    insecure: bool = False,
+    heartbeat: float = DEFAULT_HEARTBEAT,
 ) -> SyncBroadcaster:
     """Blocking :func:`broadcast`: returns a :class:`SyncBroadcaster`."""
     return SyncBroadcaster(
@@ -450,5 +529,6 @@ def broadcast_sync(
             stall_timeout,
             handshake_timeout,
             spin_us,
+            {"tcp": tcp, "keys": keys, "insecure": insecure, "heartbeat": heartbeat},
         )
     )

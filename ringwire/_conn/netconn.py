@@ -107,6 +107,7 @@ def connect_transport(
     heartbeat: float,
     timeout: float,
     keys: Any = None,
+    max_message: int | None = None,
 ) -> tuple[Any, Any]:
     """The handshake generator for a client of ``url``, after checking and resolving
     the address (``ValueError`` / ``OSError`` naming it); ``keys`` a
@@ -122,6 +123,7 @@ def connect_transport(
         heartbeat=heartbeat,
         deadline=time.monotonic() + timeout,
         keys=keys,
+        max_message=max_message,
     )
     return hs, gen
 
@@ -136,10 +138,12 @@ def open_acceptor(
     insecure: bool,
     keys: Any = None,
     backlog: int = 128,
+    offer_nixl: bool = True,
 ) -> Any:
     """Bind the rendezvous at ``url``, with CURVE when ``keys`` (a
     :class:`~ringwire.ServerKeys`) are given.  A non-loopback address needs keys or
-    ``insecure=True``.  Raises ``ValueError`` / ``OSError`` naming the address."""
+    ``insecure=True``.  ``offer_nixl=False``: tensors travel as frames on every
+    connection.  Raises ``ValueError`` / ``OSError`` naming the address."""
     hs = check_bind(url, insecure, keys)
     return hs.NetAcceptor(
         url,
@@ -150,6 +154,7 @@ def open_acceptor(
         capacity_default=1 << 20,
         keys=keys,
         backlog=backlog,
+        offer_nixl=offer_nixl,
     )
 
 

@@ -11,10 +11,13 @@ that goes on reading is told by the ring itself (:class:`RingCorrupted` from the
 horizon check); it gets ``BrokenResourceError``, like every other way of losing the
 writer.
 
-Remote readers: a ``tcp://`` address is refused with ``NotImplementedError`` naming
-it; readers on other hosts are a later issue ("remote broadcast readers"), which
-plugs in here behind the same :class:`Subscriber` API.  Until then a process on
-another host receives over a TCP channel (:func:`ringwire.connect`).
+Readers on other hosts: at a ``tcp://`` address the reader is an ordinary receiving
+endpoint over a TCP connection (:class:`~ringwire._net.transport.NetTransport`, a
+channel's, CURVE with keys), whose first record is the broadcast's ``Join`` and whose
+first received record the writer's :class:`~ringwire._wire.broadcast_control.RemoteJoined`
+(or the writer's abort: :class:`HandshakeError` with its reason).  Behind the same
+:class:`Subscriber` API: arrays arrive as read-only views of the received frames, and
+their releases go back to the writer (batched) when the views die.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any
 import anyio
 from anyio import BrokenResourceError, EndOfStream
 
-from .._errors import DecodeError, RingCorrupted
+from .._errors import DecodeError, HandshakeError, RingCorrupted
+from .._net.keys import ClientKeys
 from .._shm.broadcast_reader import (
     SubscriberTransport,
     drive_join_async,
@@ -36,9 +40,25 @@ from .._shm.broadcast_reader import (
     join_handshake,
 )
 from .._shm.sockets import check_peer
+from .._wire.broadcast_control import (
+    BROADCAST_VERSIONS,
+    Join,
+    RemoteJoined,
+    check_remote_joined,
+    encode_remote,
+)
 from .async_channel import Channel
+from .connect import DEFAULT_CAPACITY
 from .endpoint import DEFAULT_SPIN_US, UNSET, Endpoint
 from .listener import DEFAULT_HANDSHAKE_TIMEOUT
+from .netconn import (
+    DEFAULT_HEARTBEAT,
+    check_heartbeat,
+    connect_transport,
+    drive_async,
+    drive_sync,
+)
+from .options import check_options, receiving
 from .statistics import ChannelStatistics
 from .sync_channel import SyncChannel
 
@@ -79,7 +99,7 @@ def _translate(core: Endpoint, transport: SubscriberTransport, exc: BaseExceptio
 
 class _Common:
     _core: Endpoint
-    _transport: SubscriberTransport
+    _transport: Any
 
     def __repr__(self) -> str:
         return (
@@ -120,10 +140,10 @@ class Subscriber(_Common):
     broadcast failed (the reason says which reader's death failed it), or the writer
     dropped this reader.  Made by :func:`ringwire.subscribe`."""
 
-    def __init__(self, core: Endpoint, transport: SubscriberTransport) -> None:
+    def __init__(self, core: Endpoint, transport: Any, chan: Channel | None = None) -> None:
         self._core = core
-        self._transport = transport
-        self._chan = Channel(core)
+        self._transport = transport  # a SubscriberTransport, or RemoteReading
+        self._chan = chan if chan is not None else Channel(core)
 
     async def __aenter__(self) -> Subscriber:
         return self
@@ -193,10 +213,10 @@ class SyncSubscriber(_Common):
     turns; :meth:`close` from another thread wakes the one waiting
     (``ClosedResourceError``)."""
 
-    def __init__(self, core: Endpoint, transport: SubscriberTransport) -> None:
+    def __init__(self, core: Endpoint, transport: Any, chan: SyncChannel | None = None) -> None:
         self._core = core
-        self._transport = transport
-        self._chan = SyncChannel(core)
+        self._transport = transport  # a SubscriberTransport, or RemoteReading
+        self._chan = chan if chan is not None else SyncChannel(core)
 
     def __enter__(self) -> SyncSubscriber:
         return self
@@ -261,18 +281,136 @@ class SyncSubscriber(_Common):
             core.abandon(self)
 
 
+class RemoteReading:
+    """What a remote reader knows of its place in the broadcast (a local reader's
+    :class:`SubscriberTransport` answers the same questions)."""
+
+    def __init__(self, t: Any, joined: RemoteJoined) -> None:
+        self._t = t
+        self.rank = joined.rank
+        self.start = joined.start
+
+    @property
+    def peer_reason(self) -> str | None:
+        reason: str | None = self._t.peer_reason
+        return reason
+
+    def fileno(self) -> int:
+        return int(self._t.fileno())
+
+    def drain(self) -> None:
+        self._t.drain()
+
+
 def _socket(path: Any) -> tuple[socket.socket, str]:
-    where = os.fspath(path)
-    if isinstance(where, str) and where.startswith("tcp://"):
-        raise NotImplementedError(
-            f"cannot subscribe to {where!r}: broadcast readers on other hosts (TCP) are "
-            "not supported yet, only readers on the writer's host; subscribe at the "
-            "broadcast's Unix socket path, or send to a remote process over a TCP "
-            "channel (ringwire.connect / ringwire.listen at a tcp:// address)"
-        )
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
-    return sock, str(where)
+    return sock, str(os.fspath(path))
+
+
+def _is_tcp(path: Any) -> bool:
+    return isinstance(path, str) and path.startswith("tcp://")
+
+
+def _remote_start(
+    url: str,
+    rank: int | None,
+    spin_us: float,
+    handshake_timeout: float,
+    copy_out: bool,
+    keys: ClientKeys | None,
+    heartbeat: float,
+    capacity: int,
+) -> Any:
+    """Check a remote subscription's arguments; its connection's handshake generator."""
+    check_options(spin_us, handshake_timeout, copy_out)
+    check_heartbeat(heartbeat)
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank must be None or an int >= 0, not {rank!r}")
+    _, gen = connect_transport(
+        url,
+        capacity=capacity,
+        slots=None,
+        heartbeat=heartbeat,
+        timeout=handshake_timeout,
+        keys=keys,
+        max_message=-1,  # arrays of any size come from the writer's slots and arena
+    )
+    return gen
+
+
+def _join_payload(rank: int | None) -> bytes:
+    return encode_remote(
+        Join(versions=list(BROADCAST_VERSIONS), pid=os.getpid(), rank=-1 if rank is None else rank)
+    )
+
+
+def _refused(url: str, core: Endpoint, exc: BaseException) -> HandshakeError:
+    if isinstance(exc, DecodeError):
+        return HandshakeError(f"the broadcast writer at {url} answered the join with {exc}")
+    reason = core.peer_reason or str(exc) or type(exc).__name__
+    return HandshakeError(f"the broadcast writer at {url} refused this reader: {reason}")
+
+
+async def _subscribe_remote(
+    url: str,
+    rank: int | None,
+    type: Any,
+    spin_us: float,
+    handshake_timeout: float,
+    copy_out: bool,
+    keys: ClientKeys | None,
+    heartbeat: float,
+    capacity: int,
+) -> Subscriber:
+    gen = _remote_start(url, rank, spin_us, handshake_timeout, copy_out, keys, heartbeat, capacity)
+    deadline = time.monotonic() + handshake_timeout
+    t = receiving(await drive_async(gen), copy_out)
+    core = Endpoint(t, type=type, spin_us=spin_us, name=url)
+    chan = Channel(core)
+    try:
+        with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+            if not core.try_send(_join_payload(rank)):  # pragma: no cover - a fresh window
+                raise HandshakeError(f"no room for the join on the connection to {url}")
+            try:
+                joined = await chan.receive(type=RemoteJoined)
+            except (BrokenResourceError, EndOfStream, DecodeError) as exc:
+                raise _refused(url, core, exc) from None
+        check_remote_joined(joined)
+    except BaseException:
+        chan.close()
+        raise
+    return Subscriber(core, RemoteReading(t, joined), chan)
+
+
+def _subscribe_remote_sync(
+    url: str,
+    rank: int | None,
+    type: Any,
+    spin_us: float,
+    handshake_timeout: float,
+    copy_out: bool,
+    keys: ClientKeys | None,
+    heartbeat: float,
+    capacity: int,
+) -> SyncSubscriber:
+    gen = _remote_start(url, rank, spin_us, handshake_timeout, copy_out, keys, heartbeat, capacity)
+    deadline = time.monotonic() + handshake_timeout
+    t = receiving(drive_sync(gen), copy_out)
+    core = Endpoint(t, type=type, spin_us=spin_us, name=url)
+    chan = SyncChannel(core)
+    try:
+        if not core.try_send(_join_payload(rank)):  # pragma: no cover - a fresh window
+            raise HandshakeError(f"no room for the join on the connection to {url}")
+        try:
+            joined = chan.receive(max(0.0, deadline - time.monotonic()), type=RemoteJoined)
+        except (BrokenResourceError, EndOfStream, DecodeError) as exc:
+            raise _refused(url, core, exc) from None
+        check_remote_joined(joined)
+    except BaseException:
+        chan.close()
+        raise
+    return SyncSubscriber(core, RemoteReading(t, joined), chan)
 
 
 async def subscribe(
@@ -283,16 +421,33 @@ async def subscribe(
     spin_us: float = DEFAULT_SPIN_US,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     copy_out: bool = False,
+    keys: ClientKeys | None = None,
+    heartbeat: float = DEFAULT_HEARTBEAT,
+    capacity: int = DEFAULT_CAPACITY,
 ) -> Subscriber:
     """Join the broadcast at ``path`` as reader ``rank`` (``None``: any free rank);
     return the async reader.  It receives what the writer sends from now on.
 
     ``type`` decodes records; ``spin_us`` bounds the spin before parking (``0``: park
     at once); ``copy_out`` copies every received slot array into private memory and
-    releases its slot at once.  Raises :class:`HandshakeError` if the writer refuses
-    (rank taken, every rank taken, a failed broadcast), ``TimeoutError`` after
-    ``handshake_timeout``, ``FileNotFoundError`` / ``ConnectionRefusedError`` when no
-    writer is at ``path``, ``NotImplementedError`` for a ``tcp://`` address."""
+    releases its slot at once.
+
+    ``path`` may be the writer's ``tcp://host:port`` (its ``tcp=``): a reader on
+    another host, with the same API and promises; ``keys`` (:class:`ClientKeys`) when
+    the writer has keys, ``heartbeat`` seconds of silence that count as a lost
+    writer, ``capacity`` the bytes of records in flight to it (its queue at the
+    writer: at most the writer's ``capacity``).  ``keys``, ``heartbeat`` and
+    ``capacity`` are ignored for a Unix path.
+
+    Raises :class:`HandshakeError` if the writer refuses (rank taken, every rank
+    taken, a failed broadcast), ``TimeoutError`` after ``handshake_timeout``,
+    ``FileNotFoundError`` / ``ConnectionRefusedError`` when no writer is at ``path``,
+    :class:`PeerCredentialsError` when CURVE refuses the keys, ``ValueError`` for a bad
+    address or argument."""
+    if _is_tcp(path):
+        return await _subscribe_remote(
+            str(path), rank, type, spin_us, handshake_timeout, copy_out, keys, heartbeat, capacity
+        )
     sock, where = _socket(path)
     try:
         with anyio.fail_after(handshake_timeout):
@@ -320,8 +475,15 @@ def subscribe_sync(
     spin_us: float = DEFAULT_SPIN_US,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
     copy_out: bool = False,
+    keys: ClientKeys | None = None,
+    heartbeat: float = DEFAULT_HEARTBEAT,
+    capacity: int = DEFAULT_CAPACITY,
 ) -> SyncSubscriber:
     """Blocking :func:`subscribe`: returns a :class:`SyncSubscriber`."""
+    if _is_tcp(path):
+        return _subscribe_remote_sync(
+            str(path), rank, type, spin_us, handshake_timeout, copy_out, keys, heartbeat, capacity
+        )
     sock, where = _socket(path)
     deadline = time.monotonic() + handshake_timeout
     try:

@@ -254,6 +254,7 @@ def client_handshake(
     heartbeat: float,
     deadline: float,
     keys: ClientKeys | None = None,
+    max_message: int | None = None,
 ) -> Handshake:
     """Connect to the listener at ``addr`` (resolved); see the module docstring.
     Raises ``ConnectionRefusedError`` / ``TimeoutError`` naming ``url``,
@@ -313,7 +314,9 @@ def client_handshake(
             yield dealer, min(deadline, time.monotonic() + _STEP)
         reply = check_welcome(decode_rendezvous(dealer.recv(), "answer from the listener"), url)
         pair = ctx.socket(zmq.PAIR)
-        configure(pair, heartbeat, max(capacity, min(reply.budget, MAX_BUDGET)) + 64)
+        if max_message is None:  # (a broadcast's remote reader: -1, any array size)
+            max_message = max(capacity, min(reply.budget, MAX_BUDGET)) + 64
+        configure(pair, heartbeat, max_message)
         if keys is not None:
             secure_client(pair, keys)
         pmon = monitor_of(pair)
@@ -451,8 +454,10 @@ class NetAcceptor:
         capacity_default: int,
         keys: ServerKeys | None = None,
         backlog: int = 128,
+        offer_nixl: bool = True,
     ) -> None:
         self.url = url
+        self._offer_nixl = offer_nixl  # (False: tensors travel as frames on every connection)
         addr = parse_address(url, bind=True)
         self._bind_host = addr.host
         self._max_capacity = max_capacity
@@ -594,7 +599,7 @@ class NetAcceptor:
                 sock.close(0)
             raise HandshakeError(f"no port for pid {hello.pid} on {hello.host!r}: {exc}") from exc
         token = secrets.token_bytes(16)
-        offer = nixl.offer() if hello.nixl else ""
+        offer = nixl.offer() if hello.nixl and self._offer_nixl else ""
         p = _Pending(sock, mon, token, hello, time.monotonic() + self._timeout, user, offer)
         self._pending.append(p)
         self._ep.register(int(sock.getsockopt(zmq.FD)), select.EPOLLIN)
@@ -688,7 +693,7 @@ class NetAcceptor:
 
     def _transport(self, p: _Pending, fd: int, link: Any, nixl_off: str) -> NetTransport:
         host = f"{p.hello.host} pid {p.hello.pid}"
-        return _make_transport(
+        t = _make_transport(
             p.sock,
             p.mon,
             capacity=p.hello.capacity,
@@ -700,6 +705,8 @@ class NetAcceptor:
             link=link,
             nixl_off=nixl_off,
         )
+        t.peer_host = p.hello.host
+        return t
 
     def _forget(self, p: _Pending) -> None:
         if p in self._pending:

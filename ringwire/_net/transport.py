@@ -330,6 +330,7 @@ class NetTransport:
         self.tx = NetWriter(self, peer_capacity)
         self.rx = NetReader(self, capacity)
         self.peer_pid = peer_pid
+        self.peer_host = ""  # the peer's host name, as its hello said (accepted connections)
         self.version = PROTOCOL_VERSION
         self.doorbells_sent = self.doorbells_received = 0
         self.gone = False  # the peer hung up (or we shut down)

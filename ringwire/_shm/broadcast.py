@@ -49,10 +49,16 @@ share of every slot before :meth:`BroadcastHub.poll` returns.  A rank whose read
 writer dropped while its process still runs is not handed out again until that
 process is gone (it may still write to its entry and its lane).
 
-The seam for readers on other hosts: a remote reader would be one more kind of
-connection here -- admitted and retired the same way, fed by forwarding each frame the
-writer publishes over its TCP channel (slots inline or through NIXL) -- which needs
-the TCP transport of the issue "Beyond one host"; until then only local readers exist.
+Readers on other hosts
+----------------------
+With ``tcp=`` the writer also has a :class:`~ringwire._net.fanout.Fanout` (attached by
+:meth:`attach_remote`; this module never imports the TCP transport): its descriptor
+sits in the selector beside the readers' sockets, and the hub stays the one place that
+hands out ranks (one rank space), counts readers and applies the policy.  A remote
+reader is admitted by :meth:`admit_remote` -- its bit joins :attr:`live_mask`, so
+every later slot waits for its release too, but it never holds ring space (the ring
+only keeps space for local readers) -- and retired by :meth:`retire_remote`, which
+reports it as a local reader's departure is reported.
 """
 
 from __future__ import annotations
@@ -109,6 +115,7 @@ __all__ = ["BroadcastHub", "ReaderEvent"]
 logger = logging.getLogger("ringwire")
 _MAX_RECORD_SLACK = 1024  # bytes of a record's frame left for what is not array data
 _WAKE = object()
+_REMOTE = object()
 
 
 def _ignore(event: ReaderEvent) -> None:
@@ -191,6 +198,8 @@ class BroadcastHub:
         self.evicted: dict[int, int] = {}  # rank -> pid of a reader dropped while alive
         self.events: list[ReaderEvent] = []
         self.live_mask = 0  # readers admitted (the slot holders of a new record)
+        self.remote: Any = None  # the Fanout of readers on other hosts (attach_remote)
+        self.pid = os.getpid()
         self.failed: str | None = None
         self.closed = False
         self.doorbells_sent = self.doorbells_received = 0
@@ -215,7 +224,8 @@ class BroadcastHub:
             self._segs.append(seg)
             self._fds.append(fd)
             init_broadcast_ring(seg.buf, 0, capacity, readers)
-            self.writer = self.tx = BroadcastWriter(seg.buf)
+            self.writer = BroadcastWriter(seg.buf)
+            self.tx: Any = self.writer  # (with remote readers: a FanoutWriter over it)
             self.writer.on_faulty = self.wake  # a bad head: retire it at the next drain
             if slots is not None:
                 self.pool = self._make_pool(slots)
@@ -268,15 +278,61 @@ class BroadcastHub:
 
     @property
     def ready_count(self) -> int:
-        return sum(1 for c in self.conns.values() if c.ready)
+        n = sum(1 for c in self.conns.values() if c.ready)
+        return n + len(self.remote.conns) if self.remote is not None else n
 
     def pid_of(self, rank: int) -> int:
         c = self.conns.get(rank)
+        if c is None and self.remote is not None:
+            c = self.remote.conns.get(rank)
         return c.pid if c is not None else 0
 
     def is_ready(self, rank: int) -> bool:
         c = self.conns.get(rank)
+        if c is None and self.remote is not None:
+            return rank in self.remote.conns
         return c is not None and c.ready
+
+    def taken(self, rank: int) -> bool:
+        """Is ``rank`` held by a reader, here or on another host?"""
+        return rank in self.conns or (self.remote is not None and rank in self.remote.conns)
+
+    # -- readers on other hosts (see the module docstring) ------------------------------
+
+    def attach_remote(self, fanout: Any) -> None:
+        """Serve readers on other hosts through ``fanout`` from now on."""
+        self.remote = fanout
+        self._sel.register(fanout.fileno(), selectors.EVENT_READ, _REMOTE)
+
+    def admit_remote(self, pid: int, host: str, join: Join) -> tuple[int, int, int]:
+        """Admit a remote reader (process ``pid`` on ``host``) that sent ``join``: its
+        version, rank and start.  :class:`HandshakeError` to refuse it."""
+        if self.failed is not None:
+            raise HandshakeError(f"this broadcast failed: {self.failed}")
+        version = choose_version(join.versions, BROADCAST_VERSIONS, "broadcast protocol")
+        rank = self._pick_rank(join.rank)
+        self.live_mask |= 1 << rank
+        if self.pool is not None:
+            self.pool.admit_remote(rank)
+        self.joined += 1
+        self.events.append(ReaderEvent("joined", rank, pid, f"on {host!r}"))
+        self.events.append(ReaderEvent("ready", rank, pid, f"on {host!r}"))
+        return version, rank, self.writer.position
+
+    def retire_remote(self, reader: Any, why: str, lost: bool) -> None:
+        """Remote ``reader`` went (``lost``: died, partitioned, broke the protocol): give
+        up its slot shares, report it (the policy hears of a loss at :meth:`settle`)."""
+        rank = reader.rank
+        self.live_mask &= ~(1 << rank)
+        if self.pool is not None:
+            self.pool.drop(rank)
+        detail = f"on {reader.host!r} {why}"
+        if lost:
+            self.lost += 1
+            self.events.append(ReaderEvent("lost", rank, reader.pid, detail))
+        else:
+            self.left += 1
+            self.events.append(ReaderEvent("left", rank, reader.pid, detail))
 
     def wake(self) -> None:
         """Make :meth:`fileno` readable once (to stop a watcher)."""
@@ -304,6 +360,8 @@ class BroadcastHub:
                     self._wake_r.recv(512)
                 except OSError:
                     pass
+            elif c is _REMOTE:
+                self.remote.poll()
             elif c.ready:
                 self._drain(c)
             else:
@@ -393,7 +451,7 @@ class BroadcastHub:
 
     def _pick_rank(self, want: int) -> int:
         def usable(r: int) -> bool:
-            if r in self.conns:
+            if self.taken(r):
                 return False
             pid = self.evicted.get(r)
             if pid is not None:
@@ -405,8 +463,8 @@ class BroadcastHub:
         if want >= 0:
             if usable(want):
                 return want
-            if want in self.conns:
-                raise HandshakeError(f"rank {want} is taken (by pid {self.conns[want].pid})")
+            if self.taken(want):
+                raise HandshakeError(f"rank {want} is taken (by pid {self.pid_of(want)})")
             raise HandshakeError(
                 f"rank {want} was dropped by the writer and its process (pid "
                 f"{self.evicted[want]}) still runs"
@@ -535,7 +593,10 @@ class BroadcastHub:
         anything for it.  Not a loss.  ``False`` if there is no such reader."""
         c = self.conns.get(rank)
         if c is None:
-            return False
+            rr = self.remote.drop(rank, why) if self.remote is not None else None
+            if rr is not None:
+                self.retire_remote(rr, f"dropped by the writer: {why}", False)
+            return rr is not None
         self._abort(c, why)
         if pid_alive(c.pid):
             self.evicted[rank] = c.pid
@@ -549,6 +610,8 @@ class BroadcastHub:
         references stay valid), then gets the reason."""
         if self.failed is None:
             self.failed = reason
+        if self.remote is not None:
+            self.remote.fail(reason)
         for c in [*self.conns.values(), *self._pending]:
             self._abort(c, reason)
             self._pending.discard(c)
@@ -629,6 +692,10 @@ class BroadcastHub:
     def stalled_on_room(self, size: int, waited: float) -> ReaderStalled:
         """What a writer that waited ``waited`` s for room for a ``size``-byte record
         raises: the live readers that hold the space, slowest first."""
+        if self.remote is not None:
+            err = self.remote.stalled(size, waited)
+            if err is not None:
+                return err  # (the ring itself had room)
         ring = self.writer
         slow = ring.laggards(size)
         if not slow:
@@ -680,6 +747,8 @@ class BroadcastHub:
             c.sock.close()
         self.conns.clear()
         self._pending.clear()
+        if self.remote is not None:
+            self.remote.close()  # (before the segments: frames in flight keep views)
         self._sel.close()
         self._sock.close()
         try:

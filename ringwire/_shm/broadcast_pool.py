@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import RingCorrupted, SlotRefused
-from .._pool.arena import BIG_HI, ArenaFile
+from .._pool.arena import BIG_HI, ArenaFile, big_tag
 from .._pool.cuda import split_tag
 from .._pool.protocols import Placed, Placement
 from .._pool.segment import Segment
@@ -102,6 +102,7 @@ class BroadcastPool:
         self.arena = arena
         self.readers = readers
         self.lanes: dict[int, RingReader] = {}
+        self.remote: set[int] = set()  # ranks on other hosts (no lane: see release)
         self.holders: dict[int, list[int]] = {}  # tag -> [generation, mask of readers]
         self.faulty: list[int] = []  # ranks whose releases were refused
         self.shares_dropped = 0  # releases owed by readers that went
@@ -160,18 +161,26 @@ class BroadcastPool:
             lane.park()
         return off
 
+    def admit_remote(self, rank: int) -> None:
+        """Count reader ``rank`` on another host among the slots' holders from now on:
+        it has no lane, its releases come over its connection (:meth:`release`)."""
+        self.remote.add(rank)
+
     def drop(self, rank: int) -> int:
         """Reader ``rank`` is gone: count the releases it published, then give up its
         share of every slot; return how many shares were given up."""
         lane = self.lanes.get(rank)
-        if lane is None:
+        if lane is not None:
+            try:
+                self._poll_lane(rank, lane)
+            except (SlotRefused, RingCorrupted):
+                pass  # it is going anyway
+            del self.lanes[rank]
+            lane.release()
+        elif rank in self.remote:
+            self.remote.discard(rank)
+        else:
             return 0
-        try:
-            self._poll_lane(rank, lane)
-        except (SlotRefused, RingCorrupted):
-            pass  # it is going anyway
-        del self.lanes[rank]
-        lane.release()
         bit = 1 << rank
         n = 0
         for tag, h in list(self.holders.items()):
@@ -240,19 +249,37 @@ class BroadcastPool:
                 finally:
                     view.release()
                 for i in range(0, len(vals), 2):
-                    tag, gen = vals[i], vals[i + 1]
-                    h = self.holders.get(tag)
-                    if h is None or h[0] != gen or not h[1] & bit:
-                        raise SlotRefused(
-                            f"release of slot {tag:#x} generation {gen}, which this reader "
-                            "does not hold (double release, stale, or never sent)"
-                        )
-                    self.releases += 1
-                    self._clear(tag, h, bit)
+                    self._release(vals[i], vals[i + 1], bit)
         finally:
             if lane.pending:
                 lane.commit()
         return lane.writer_needs_doorbell()
+
+    def _release(self, tag: int, gen: int, bit: int) -> None:
+        h = self.holders.get(tag)
+        if h is None or h[0] != gen or not h[1] & bit:
+            raise SlotRefused(
+                f"release of slot {tag:#x} generation {gen}, which this reader "
+                "does not hold (double release, stale, or never sent)"
+            )
+        self.releases += 1
+        self._clear(tag, h, bit)
+
+    def release(self, rank: int, pairs: Sequence[tuple[int, int]]) -> None:
+        """Releases ``(tag, generation)`` from remote reader ``rank``, received over its
+        connection.  Raises :class:`SlotRefused` (the caller drops it) for a slot it does
+        not hold; the ones before it count."""
+        bit = 1 << rank
+        for tag, gen in pairs:
+            self._release(tag, gen, bit)
+
+    def memory_of(self, ref: Any) -> tuple[Any, int]:
+        """The bytes of the slot or arena range the writer's own ``SlotRef`` names, and
+        the tag a release of it carries (what a remote reader's frame is sent from)."""
+        big = self.send.big
+        if big is not None and ref.pool == big.pool_id:
+            return big.view(ref.slot, ref.nbytes), big_tag(ref.slot)
+        return self.seg.buf[ref.offset : ref.offset + ref.nbytes], ref.slot
 
     def _clear(self, tag: int, h: list[int], bit: int) -> None:
         h[1] &= ~bit

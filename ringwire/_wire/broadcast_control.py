@@ -30,6 +30,13 @@ broadcast's path, mode 0600, peer uid checked).  It carries, in order:
 3. **Liveness**: end of file.  A reader that set its closed flag first has left; one
    that did not has died.
 
+A reader on another host joins over a TCP connection (:mod:`ringwire._net`) instead:
+after the connection's own handshake its first record is the same ``Join`` (msgpack,
+unframed: the connection delimits records), answered by one record,
+:class:`RemoteJoined` (no segments: every step travels on that connection), or by the
+connection's abort carrying the reason.  :func:`decode_remote_join` and
+:func:`check_remote_joined` check them.
+
 This module does no I/O.
 """
 
@@ -52,8 +59,12 @@ __all__ = [
     "Joined",
     "MessageReader",
     "Refused",
+    "RemoteJoined",
     "Started",
+    "check_remote_joined",
+    "decode_remote_join",
     "encode_broadcast_message",
+    "encode_remote",
     "validate_join",
     "validate_joined",
 ]
@@ -94,6 +105,17 @@ class Refused(msgspec.Struct, tag="refused"):
 
 class Started(msgspec.Struct, tag="started"):
     pass
+
+
+class RemoteJoined(msgspec.Struct, tag="remote-joined", kw_only=True):
+    """The writer's answer to a remote reader's ``Join``: admitted as ``rank``."""
+
+    version: int
+    pid: int  # the writer's
+    rank: int
+    start: int  # the writer's ring position at admission (as Joined.start)
+    readers: int
+    features: list[str] = []
 
 
 Message = Union[Join, Joined, Refused, Started]
@@ -180,3 +202,37 @@ def validate_joined(msg: Joined, fds: int) -> None:
         raise HandshakeError(f"release lane offset {msg.lane_offset} outside the pool")
     if msg.start < 0:
         raise HandshakeError(f"bad start position {msg.start}")
+
+
+_join_decoder = msgspec.msgpack.Decoder(Join)
+
+
+def encode_remote(msg: Join | RemoteJoined) -> bytes:
+    """A remote join message: one record on the TCP connection."""
+    return _encoder.encode(msg)
+
+
+def decode_remote_join(data: bytes | memoryview, readers: int) -> Join:
+    """A remote reader's first record, checked (:func:`validate_join`); raises
+    :class:`HandshakeError` for anything else."""
+    if len(data) > MAX_MESSAGE:
+        raise HandshakeError(f"a join record of {len(data)} bytes (at most {MAX_MESSAGE})")
+    try:
+        msg = _join_decoder.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise HandshakeError(f"the first record is not a broadcast join: {exc}") from None
+    validate_join(msg, readers)
+    if not isinstance(msg.pid, int) or msg.pid < 0:
+        raise HandshakeError(f"bad pid {msg.pid!r:.20} in the join")
+    return msg
+
+
+def check_remote_joined(msg: RemoteJoined) -> RemoteJoined:
+    """The writer's answer to a remote join, checked; :class:`HandshakeError` otherwise."""
+    if msg.version not in BROADCAST_VERSIONS:
+        raise HandshakeError(f"the writer chose unsupported version {msg.version}")
+    if not 1 <= msg.readers <= MAX_READERS or not 0 <= msg.rank < msg.readers:
+        raise HandshakeError(f"rank {msg.rank} of {msg.readers} readers")
+    if msg.start < 0:
+        raise HandshakeError(f"bad start position {msg.start}")
+    return msg

@@ -285,6 +285,11 @@ class BroadcastWriter(RingWriter):
             self.live.remove(rank)
         self._e[rank * _STRIDE + E_STATE] = 0
 
+    @property
+    def position(self) -> int:
+        """Bytes published so far (the tail): where a reader admitted now starts."""
+        return int(self._tail)
+
     def head_of(self, rank: int) -> int:
         return int(self._e[rank * _STRIDE + E_HEAD])
 

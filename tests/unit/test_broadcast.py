@@ -424,10 +424,20 @@ def test_bad_arguments(bpath):
     with pytest.raises(ValueError, match="readers"):
         ringwire.broadcast_sync(bpath, readers=0)
     assert not os.path.exists(bpath)
-    with pytest.raises(NotImplementedError, match="TCP") as info:
-        ringwire.subscribe_sync("tcp://127.0.0.1:5555")
-    assert "'tcp://127.0.0.1:5555'" in str(info.value)  # names the address...
-    assert "Unix socket path" in str(info.value) and "ringwire.connect" in str(info.value)
+    # remote readers: the same checks as a TCP listener's, before anything is bound
+    with pytest.raises(ValueError, match="refusing to listen at tcp://0.0.0.0:0"):
+        ringwire.broadcast_sync(bpath, tcp="tcp://0.0.0.0:0")  # no keys off loopback
+    with pytest.raises(ValueError, match="bad TCP address"):
+        ringwire.broadcast_sync(bpath, tcp="tcp://127.0.0.1")
+    with pytest.raises(ValueError, match="give tcp="):
+        ringwire.broadcast_sync(bpath, insecure=True)
+    with pytest.raises(ValueError, match="heartbeat"):
+        ringwire.broadcast_sync(bpath, tcp="tcp://127.0.0.1:0", heartbeat=0)
+    assert not os.path.exists(bpath)
+    with pytest.raises(ConnectionRefusedError, match="tcp://127.0.0.1:5555"):
+        ringwire.subscribe_sync("tcp://127.0.0.1:5555", handshake_timeout=5)
+    with pytest.raises(ValueError, match="rank"):
+        ringwire.subscribe_sync("tcp://127.0.0.1:5555", rank=-2)
     with pytest.raises(FileNotFoundError):
         ringwire.subscribe_sync(bpath)
 

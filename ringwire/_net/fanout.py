@@ -1,0 +1,454 @@
+"""A broadcast's readers on other hosts: the writer's side of their TCP connections.
+
+A broadcast writer given ``tcp=`` binds a :class:`~.handshake.NetAcceptor` there
+(CURVE with keys, as a TCP listener).  Each remote reader is one TCP connection -- a
+:class:`~.transport.NetTransport`, exactly a channel's -- that the hub
+(:class:`~ringwire._shm.broadcast.BroadcastHub`) drives through :class:`Fanout`.
+
+Theory of operation
+-------------------
+A connection moves through this table, one row at a time, whenever
+:meth:`Fanout.poll` runs (the hub's poll: the fanout's epoll descriptor sits in the
+hub's selector, so a join, a credit, a release or a hang-up wakes the writer)::
+
+    state      event                              next       what the writer does
+    ---------  ---------------------------------  ---------  ----------------------------
+    attaching  the acceptor finished the attach   joining    (CURVE, the channel handshake)
+    joining    first record: a valid Join         admitted   answer RemoteJoined; its bit
+                                                             joins the slots' holder mask
+    joining    bad Join, rank taken, failed       --         abort with the reason
+    joining    handshake timeout, hang-up         --         abort / forget
+    admitted   credit (C), releases (R)           admitted   count them (a release of a
+                                                             slot it does not hold: lost)
+    admitted   any record, garbage                --         lost: "broke the protocol"
+    admitted   X then hang-up                     --         left (it closed cleanly)
+    admitted   hang-up, heartbeat, abort          --         lost (died, partition, gave up)
+
+"Lost" and "left" are reported to the hub (``retire``), which applies the writer's
+``on_reader_loss`` exactly as for a local reader; a lost connection is closed at once,
+and the slots' shares it held are given up.
+
+Forwarding
+----------
+The writer's sending lane is :class:`FanoutWriter`: the ring's, plus one step.  Before
+the ring publishes a record, :meth:`Fanout.prepare` readies it for the network -- a
+record without slot references as it is (the same bytes); one that references the
+writer's slot pool (Ext 4) rewritten once for all remote readers (:func:`to_frames`):
+each Ext 4 becomes an Ext 20 (:class:`~ringwire.wire.NetRef`) naming a frame, and the
+frame is the slot's own memory, which ZeroMQ sends without a copy -- and checks that
+every admitted connection has credit for it.  Then the ring publishes (and rings its
+parked readers), then every connection gets the record.  The slot stays held for a
+remote reader (its bit in the holder mask) until its release comes back over the
+connection, so after ZeroMQ sent it.
+
+Bounded memory: a connection's credit window (the reader's ``capacity``, at most the
+broadcast's) is the writer's queue for that reader, in record bytes; arrays are
+bounded by the slot pool, whose shares a slow reader keeps.  A full window makes the
+send wait as a full ring does, and after ``stall_timeout``
+:class:`~ringwire.ReaderStalled` names the reader's rank and host
+(:meth:`Fanout.stalled`).  A remote reader slows the local ones only by that.
+
+Records with CUDA IPC references (Ext 5) cannot reach another host:
+:func:`to_frames` refuses them (``ValueError``) before anything is published.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import select
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from .._errors import HandshakeError, ProtocolError, ReaderStalled, SlotRefused
+from .._wire import ext as X
+from .._wire.broadcast_control import RemoteJoined, decode_remote_join, encode_remote
+from .._wire.descriptors import NetRef, SlotRef, decode_descriptor
+from .pools import Framed
+
+__all__ = ["Fanout", "FanoutWriter", "RemoteReader", "to_frames"]
+
+logger = logging.getLogger("ringwire")
+
+# an Ext 4 header: fixext 1..16, ext 8/16/32 (a false match only costs a rewrite)
+_EXT4 = re.compile(rb"[\xd4-\xd8]\x04|\xc7.\x04|\xc8..\x04|\xc9....\x04", re.S)
+_NESTED = (X.TUPLE, X.SET, X.FROZENSET)  # codes whose body is msgpack again
+_enc = msgspec.msgpack.Encoder()
+_ACCEPTOR = -1
+
+
+def to_frames(payload: bytes, memory_of: Callable[[SlotRef], tuple[Any, int]]) -> bytes:
+    """``payload`` as a remote reader receives it: every Ext 4 slot reference an Ext 20
+    naming a frame, the frames (``memory_of(ref)``: the slot's bytes and the tag its
+    release carries) on a :class:`Framed`; ``payload`` itself if it has no reference.
+    Raises ``ValueError`` for a CUDA IPC reference (Ext 5)."""
+    if _EXT4.search(payload) is None:
+        return payload
+    frames: list[Any] = []
+
+    def hook(code: int, data: memoryview) -> Any:
+        if code == X.SHM_REF:
+            ref = decode_descriptor(SlotRef, data)
+            buf, tag = memory_of(ref)
+            net = NetRef(
+                version=1,
+                tag=tag,
+                generation=ref.generation,
+                index=len(frames),
+                nbytes=ref.nbytes,
+                shape=ref.shape,
+                dtype=ref.dtype,
+                kind=ref.kind,
+            )
+            frames.append(buf)
+            return msgspec.msgpack.Ext(X.NET_REF, _enc.encode(net))
+        if code in _NESTED:
+            return msgspec.msgpack.Ext(code, _enc.encode(dec.decode(data)))
+        if code == X.CUDA_REF:
+            raise ValueError(
+                "a CUDA IPC tensor cannot reach a broadcast reader on another host: send "
+                "it as a CPU tensor (.cpu()), or broadcast it to local readers only"
+            )
+        return msgspec.msgpack.Ext(code, bytes(data))
+
+    dec = msgspec.msgpack.Decoder(ext_hook=hook)
+    out = _enc.encode(dec.decode(payload))
+    if not frames:
+        return out
+    framed = Framed(out)
+    framed.frames = frames
+    return framed
+
+
+class RemoteReader:
+    """One remote reader's connection, on the writer's side."""
+
+    __slots__ = ("t", "rank", "pid", "host", "deadline")
+
+    def __init__(self, t: Any, deadline: float) -> None:
+        self.t = t  # a NetTransport
+        self.rank = -1  # until admitted
+        self.pid = t.peer_pid
+        self.host = t.peer_host or "?"
+        self.deadline = deadline  # for its Join
+
+    def __repr__(self) -> str:
+        return f"<RemoteReader rank {self.rank} pid {self.pid} on {self.host!r}>"
+
+    @property
+    def behind(self) -> int:
+        """Record bytes sent that it has not consumed (its queue)."""
+        return int(self.t.tx.used())
+
+
+class Fanout:
+    """The writer's remote readers (see the module docstring).  ``hub`` is the
+    broadcast's hub: :meth:`poll` asks it to ``admit_remote(pid, host, join)`` (the
+    rank, version and start; :class:`HandshakeError` to refuse) and tells it
+    ``retire_remote(reader, why, lost)``; releases go to ``release(rank, pairs)``
+    (:class:`SlotRefused` for a slot the reader does not hold)."""
+
+    def __init__(
+        self,
+        acceptor: Any,
+        hub: Any,
+        *,
+        readers: int,
+        handshake_timeout: float,
+        memory_of: Callable[[SlotRef], tuple[Any, int]] | None,
+        release: Callable[[int, list[tuple[int, int]]], None] | None,
+    ) -> None:
+        self.acceptor = acceptor
+        self.hub = hub
+        self.readers = readers
+        self.handshake_timeout = handshake_timeout
+        self.memory_of = memory_of
+        self.release = release
+        self.conns: dict[int, RemoteReader] = {}  # rank -> admitted
+        self._joining: dict[int, RemoteReader] = {}  # fd -> waiting for its Join
+        self._by_fd: dict[int, RemoteReader] = {}
+        self.refused = 0
+        self.sent = 0  # records put on connections
+        self._prepared: tuple[Any, Any] = (None, None)  # (payload, what goes out)
+        self._ep = select.epoll()
+        self._ep.register(acceptor.fileno(), select.EPOLLIN)
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<Fanout {self.address} {len(self.conns)} readers>"
+
+    @property
+    def address(self) -> str:
+        """The bound ``tcp://host:port``."""
+        return str(self.acceptor.address.url)
+
+    def fileno(self) -> int:
+        """Readable while an attach, a record, a credit, a release or a hang-up waits."""
+        return self._ep.fileno()
+
+    # -- what happens on the connections ---------------------------------------------
+
+    def poll(self) -> None:
+        """Do what is pending on the rendezvous and every connection; never waits."""
+        if self.closed:
+            return
+        ready = {fd for fd, _ in self._ep.poll(0)}
+        if self.acceptor.fileno() in ready or self.acceptor.next_deadline() is not None:
+            done, refusals = self.acceptor.step()
+            for exc in refusals:
+                self.refused += 1
+                logger.warning(
+                    "ringwire broadcast %s refused a remote reader: %s", self.address, exc
+                )
+            for t in done:
+                self._adopt(t)
+        now = time.monotonic()
+        for fd, rr in list(self._by_fd.items()):
+            if fd in ready or (rr.rank < 0 and now > rr.deadline):
+                self._step(rr, now)
+
+    def _adopt(self, t: Any) -> None:
+        rr = RemoteReader(t, time.monotonic() + self.handshake_timeout)
+        fd = t.fileno()
+        self._by_fd[fd] = rr
+        self._joining[fd] = rr
+        self._ep.register(fd, select.EPOLLIN)
+        self._step(rr, time.monotonic())  # its Join may be there already
+
+    def _step(self, rr: RemoteReader, now: float) -> None:
+        t = rr.t
+        try:
+            gone = t.drain()
+        except ProtocolError as exc:
+            self._lose(rr, f"broke the protocol: {exc}")
+            return
+        if rr.rank < 0:
+            self._step_join(rr, gone, now)
+            return
+        if t.releases and self.release is not None:
+            pairs = list(t.releases)
+            t.releases.clear()
+            try:
+                self.release(rr.rank, pairs)
+            except SlotRefused as exc:
+                self._lose(rr, f"released a slot it did not hold: {exc}")
+                return
+        if t.rx.available():
+            self._lose(rr, "sent a record (a broadcast reader sends none after its join)")
+            return
+        if gone:
+            if t.tx.reader_closed_flag and t.peer_reason is None:
+                self._forget(rr)
+                self.hub.retire_remote(rr, "left", False)
+            elif t.peer_reason is not None:
+                self._lose(rr, f"dropped the broadcast: {t.peer_reason}")
+            else:
+                self._lose(
+                    rr,
+                    "lost its connection (the process died, or the network failed: no heartbeat)",
+                )
+
+    def _step_join(self, rr: RemoteReader, gone: bool, now: float) -> None:
+        t = rr.t
+        view = t.rx.next_frame()
+        if view is None:
+            if gone:
+                self._forget(rr)
+            elif now > rr.deadline:
+                self._refuse(rr, f"did not join within {self.handshake_timeout} s")
+            return
+        try:
+            data = bytes(view)
+            view.release()
+            t.rx.commit()
+            join = decode_remote_join(data, self.readers)
+            version, rank, start = self.hub.admit_remote(rr.pid, rr.host, join)
+        except HandshakeError as exc:
+            self._refuse(rr, str(exc))
+            return
+        rr.rank = rank
+        del self._joining[t.fileno()]
+        self.conns[rank] = rr
+        answer = RemoteJoined(
+            version=version, pid=self.hub.pid, rank=rank, start=start, readers=self.readers
+        )
+        t.tx.try_write(encode_remote(answer))  # (a fresh window: it fits)
+
+    def _refuse(self, rr: RemoteReader, reason: str) -> None:
+        self.refused += 1
+        logger.warning(
+            "ringwire broadcast %s refused pid %s on %r: %s", self.address, rr.pid, rr.host, reason
+        )
+        rr.t.abort(reason[:1000])
+        self._forget(rr)
+
+    def _lose(self, rr: RemoteReader, why: str) -> None:
+        if rr.rank < 0:
+            self._refuse(rr, why)
+            return
+        rr.t.abort(why[:1000])
+        self._forget(rr)
+        self.hub.retire_remote(rr, why, True)
+
+    def _forget(self, rr: RemoteReader) -> None:
+        """Close ``rr``'s connection and stop watching it."""
+        fd = rr.t.fileno()
+        self._by_fd.pop(fd, None)
+        self._joining.pop(fd, None)
+        if rr.rank >= 0 and self.conns.get(rr.rank) is rr:
+            del self.conns[rr.rank]
+        try:
+            self._ep.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        rr.t.close()
+
+    def drop(self, rank: int, why: str) -> RemoteReader | None:
+        """The writer drops ``rank``: tell it ``why``, close; the reader, or ``None``."""
+        rr = self.conns.get(rank)
+        if rr is None:
+            return None
+        rr.t.abort(why[:1000])
+        self._forget(rr)
+        return rr
+
+    def fail(self, reason: str) -> None:
+        """The broadcast failed: tell every remote reader ``reason``, close them all."""
+        for rr in list(self._by_fd.values()):
+            rr.t.abort(reason[:1000])
+            self._forget(rr)
+
+    # -- forwarding --------------------------------------------------------------------
+
+    def prepare(self, payload: bytes) -> Any:
+        """What goes out for ``payload`` (see :func:`to_frames`; the last one is kept,
+        for a send that waits and tries again), or ``None`` if a connection has no
+        credit for it now."""
+        last, out = self._prepared
+        if last is not payload:
+            if self.memory_of is None:
+                out = payload
+            else:
+                out = to_frames(payload, self.memory_of)
+            self._prepared = (payload, out)
+        n = len(out)
+        for rr in self.conns.values():
+            if not rr.t.tx.fits_now(n):
+                return None
+        return out
+
+    def fits_now(self, n: int) -> bool:
+        """Has every admitted connection credit for an ``n``-byte record?"""
+        return all(rr.t.tx.fits_now(n) for rr in self.conns.values())
+
+    def send(self, out: Any) -> None:
+        """Put the record ``prepare`` returned on every admitted connection."""
+        self._prepared = (None, None)
+        for rr in self.conns.values():
+            rr.t.tx.try_write(out)
+        self.sent += 1
+
+    def stalled(self, size: int, waited: float) -> ReaderStalled | None:
+        """The error naming the remote readers without credit for ``size`` bytes after
+        ``waited`` seconds, or ``None`` if none is short of it."""
+        slow = [rr for rr in self.conns.values() if not rr.t.tx.fits_now(size)]
+        if not slow:
+            return None
+        who = ", ".join(
+            f"rank {rr.rank} (pid {rr.pid} on {rr.host!r}, {rr.behind} bytes not consumed of "
+            f"its {rr.t.tx.capacity}-byte window)"
+            for rr in slow
+        )
+        return ReaderStalled(
+            f"broadcast at {self.address}: no room for a {size}-byte record after "
+            f"{waited:.3g} s: waiting for remote {who}; drop_reader() them, or give them "
+            "more time",
+            tuple(rr.rank for rr in slow),
+            tuple(rr.pid for rr in slow),
+        )
+
+    # -- closing -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End every stream (the readers receive what was sent, then ``EndOfStream``),
+        close the connections and the rendezvous."""
+        if self.closed:
+            return
+        self.closed = True
+        for rr in list(self._by_fd.values()):
+            if rr.rank >= 0:
+                rr.t.tx.close()  # E: after every record sent
+            self._forget(rr)
+        self.acceptor.close()
+        self._ep.close()
+
+
+class FanoutWriter:
+    """The writer's sending lane with remote readers: the ring's
+    (:class:`~ringwire._wire.broadcast_ring.BroadcastWriter`) and, for each record it
+    publishes, :meth:`Fanout.send` (see "Forwarding")."""
+
+    def __init__(self, ring: Any, fanout: Fanout, doorbell: Callable[[], Any]) -> None:
+        self.ring = ring
+        self.fanout = fanout
+        self._doorbell = doorbell
+        self.capacity = ring.capacity
+        self.max_payload = ring.max_payload
+
+    def check_size(self, n: int) -> None:
+        self.ring.check_size(n)
+
+    def fits_now(self, n: int) -> bool:
+        return bool(self.ring.fits_now(n)) and self.fanout.fits_now(n)
+
+    def try_write(self, payload: Any) -> bool:
+        out = self.fanout.prepare(payload)
+        if out is None or not self.ring.try_write(payload):
+            return False
+        if self.ring.reader_needs_doorbell():
+            self._doorbell()  # the local readers first
+        self.fanout.send(out)
+        return True
+
+    def write_many(self, payloads: Any, start: int = 0) -> tuple[int, int]:
+        n = nbytes = 0
+        for i in range(start, len(payloads)):
+            if i == start and len(payloads[i]) > self.max_payload:
+                self.check_size(len(payloads[i]))
+            if not self.try_write(payloads[i]):
+                break
+            n += 1
+            nbytes += len(payloads[i])
+        return n, nbytes
+
+    def used(self) -> int:
+        return int(self.ring.used())
+
+    @property
+    def free(self) -> int:
+        return int(self.ring.free)
+
+    @property
+    def reader_closed(self) -> bool:
+        return False
+
+    def reader_needs_doorbell(self) -> bool:
+        return False  # try_write rang them
+
+    def reader_wants_doorbell_for_close(self) -> bool:
+        return bool(self.ring.reader_wants_doorbell_for_close())
+
+    def park(self) -> None:
+        self.ring.park()
+
+    def unpark(self) -> None:
+        self.ring.unpark()
+
+    def close(self) -> None:
+        self.ring.close()
+
+    def release(self) -> None:
+        self.ring.release()
