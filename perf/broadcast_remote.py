@@ -37,7 +37,7 @@ its pool per step); ZeroMQ's sends the same array every step without a copy.
 Measurements, per peer, in interleaved rounds (every measurement runs for each peer in
 turn, the first peer rotated every round):
 
-* **step latency**: steps paced (small records 2-3 ms apart, arrays 12-18 ms apart,
+* **step latency**: steps paced (small records 2-3 ms apart, arrays 20-30 ms apart,
   jittered), "writer send -> the slowest reader has decoded it"; for the remote peers
   also the slowest *local* reader and the remote reader separately.  p50 / p99 over
   every measured step (the first steps of every round are dropped);
@@ -305,7 +305,7 @@ def peer_ringwire(tmp: str, host: str, remote: bool) -> Peer:
             raise ImportError(f"ringwire.broadcast_sync has no tcp= ({exc})") from exc
         raise
     try:
-        addrs = [(path, 0), (path, 1)]
+        addrs: list[tuple[Any, int]] = [(path, 0), (path, 1)]
         if remote:
             addrs.append((bc.tcp_address, 2))
         ctrls, procs = _start(reader_ringwire, addrs)
@@ -318,7 +318,7 @@ def peer_ringwire(tmp: str, host: str, remote: bool) -> Peer:
 
     name = "ringwire, 2 local + 1 remote" if remote else "ringwire, 2 local (no remote)"
     peer = Peer(key, name, send, ctrls, procs, [0, 1], [2] if remote else [], bc.close)
-    peer.where = bc.tcp_address if remote else ""
+    peer.where = (bc.tcp_address or "") if remote else ""
 
     def ready() -> None:
         for i in range(n):
@@ -396,7 +396,7 @@ class Config:
     small_count: int  # back-to-back records per throughput round
     array_count: int
     small_gap_s: float = 0.002  # pacing: gap * (1 + U[0, 0.5))
-    array_gap_s: float = 0.012
+    array_gap_s: float = 0.020
 
 
 QUICK = Config(
@@ -522,6 +522,21 @@ def _f(v: float, unit: str) -> str:
     if unit == "us":
         return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
     return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _overlaps(res: dict[str, Any], cfg: Config) -> list[str]:
+    """A warning for each latency p50 longer than the pacing's shortest gap: its steps
+    overlapped, so the figure includes queueing behind the step before."""
+    out = []
+    for r in res.values():
+        for kind, gap in (("small", cfg.small_gap_s), ("array", cfg.array_gap_s)):
+            p50 = r.get(f"lat/{kind}/all", {}).get("p50_us", float("nan"))
+            if p50 > gap * 1e6:
+                out.append(
+                    f"warning: {r['name']}, {kind} steps: p50 {p50:,.0f} µs > the {gap * 1e3:g} ms "
+                    "gap between steps -- they overlapped, the latency includes queueing"
+                )
+    return out
 
 
 def _status(ratio: float, limit: float | None) -> str:
@@ -712,8 +727,11 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
     print("\n### Targets\n")
     print(format_targets(targets))
+    notes = _overlaps(res, cfg)
     for key, why in skipped.items():
-        print(f"\nnot measured: {key} ({why})")
+        notes.append(f"not measured: {key} ({why})")
+    for note in notes:
+        print(f"\n{note}")
     print("\n(compare ratios within one run: absolute µs move with the machine's load)")
     if args.json:
         write_json(
@@ -728,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             config=cfg.__dict__,
             tcp_host=args.tcp_host,
             skipped=skipped,
+            notes=notes,
             tables=tables,
         )
     return 0
