@@ -2,8 +2,8 @@
 
 Run from the repository root (pyzmq installed: ``pip install -e '.[bench]'``)::
 
-    python -m perf.broadcast_remote                # ~2 minutes on a 2-core VM
-    python -m perf.broadcast_remote --quick        # ~40 s
+    python -m perf.broadcast_remote                # ~100 s on a 2-core VM
+    python -m perf.broadcast_remote --quick        # ~25 s
     python -m perf.broadcast_remote --tcp-host 127.0.0.1 --json PATH
 
 One question: with two readers on this host (shared memory) and one "remote" reader
@@ -408,8 +408,15 @@ FULL = Config(
 
 
 def _cmd(peer: Peer, cmd: tuple[Any, ...]) -> None:
-    for c in peer.ctrls:
-        c.send(cmd)
+    for i, c in enumerate(peer.ctrls):
+        try:
+            c.send(cmd)
+        except OSError as exc:
+            role = "remote" if i in peer.remote else "local"
+            raise RuntimeError(
+                f"{peer.name}: {role} reader {i} is gone (exit code {peer.procs[i].exitcode}) "
+                f"before {cmd[0]!r}"
+            ) from exc
     for i in range(len(peer.ctrls)):
         _answer(peer, i, "armed", 60)
 
@@ -477,6 +484,8 @@ def _peers(tmp: str, host: str, skipped: dict[str, str]) -> Iterator[list[Peer]]
                     c.send(("stop",))
             try:
                 p.close()
+            except Exception as exc:  # noqa: BLE001 - report it, clean up the others
+                print(f"closing {p.name}: {exc!r}", file=sys.stderr)
             finally:
                 _reap(p.procs)
 
@@ -655,7 +664,7 @@ def report(res: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short run (~40 s)")
+    ap.add_argument("--quick", action="store_true", help="short run (~25 s)")
     ap.add_argument("--tcp-host", default="127.0.0.1", help="the TCP address's host (127.0.0.1)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON")
     args = ap.parse_args(argv)
