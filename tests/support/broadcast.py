@@ -74,8 +74,10 @@ def reader_main(path: str, q: Any, backend: str, opts: dict[str, Any]) -> None:
 
     ``opts``: ``rank``, ``hold`` (keep every received record alive until the record
     ``step(-1)`` arrives; then say ``("released", rank)``), ``stall_after`` (stop
-    reading after that many records, for ``stall`` s), ``spin_us``."""
+    reading after that many records, for ``stall`` s), ``spin_us``, ``subscribe``
+    (more keyword arguments of the subscribe: a remote reader's ``capacity``...)."""
     rank = opts.get("rank")
+    more = opts.get("subscribe", {})
     hold = opts.get("hold", False)
     stall_after = opts.get("stall_after")
     got: list[tuple[int, int]] = []
@@ -85,7 +87,9 @@ def reader_main(path: str, q: Any, backend: str, opts: dict[str, Any]) -> None:
         q.put(("end", sub.rank, kind, got, detail))
 
     if backend == "sync":
-        with ringwire.subscribe_sync(path, rank=rank, spin_us=opts.get("spin_us", 0)) as sub:
+        with ringwire.subscribe_sync(
+            path, rank=rank, spin_us=opts.get("spin_us", 0), **more
+        ) as sub:
             q.put(("ready", sub.rank, os.getpid(), sub.start))
             try:
                 while True:
@@ -108,7 +112,7 @@ def reader_main(path: str, q: Any, backend: str, opts: dict[str, Any]) -> None:
         return
 
     async def main() -> None:
-        sub = await ringwire.subscribe(path, rank=rank, spin_us=opts.get("spin_us", 0))
+        sub = await ringwire.subscribe(path, rank=rank, spin_us=opts.get("spin_us", 0), **more)
         async with sub:
             q.put(("ready", sub.rank, os.getpid(), sub.start))
             try:
