@@ -4,7 +4,7 @@
     python -m perf --full             # the scripts' default modes (the default)
     python -m perf --out DIR          # where to write (default perf/results/)
     python -m perf --only slots       # a subset (repeatable): codec, transport, slots, longrun,
-                                      #   calls, broadcast, pipeline, tcp
+                                      #   calls, broadcast, pipeline, tcp, broadcast_remote
     python -m perf --report-only      # rebuild report.md and the plots from DIR's JSON
 
 Each benchmark runs as a subprocess ``python -m perf.<name> --json DIR/<name>.json``
@@ -34,7 +34,17 @@ from typing import Any
 from perf import _report
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("codec", "transport", "slots", "longrun", "calls", "broadcast", "pipeline", "tcp")
+BENCHMARKS = (
+    "codec",
+    "transport",
+    "slots",
+    "longrun",
+    "calls",
+    "broadcast",
+    "pipeline",
+    "tcp",
+    "broadcast_remote",
+)
 # (expected seconds on a 2-core VM, timeout seconds)
 EXPECTED = {
     "quick": {
@@ -46,6 +56,7 @@ EXPECTED = {
         "broadcast": (40, 80),
         "pipeline": (35, 75),
         "tcp": (60, 110),
+        "broadcast_remote": (25, 60),
     },
     "full": {
         "codec": (30, 180),
@@ -56,6 +67,7 @@ EXPECTED = {
         "broadcast": (120, 300),
         "pipeline": (380, 720),
         "tcp": (150, 360),
+        "broadcast_remote": (100, 240),
     },
 }
 # quick mode: the whole suite's wall-clock budget (the report is written after it) and

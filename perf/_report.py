@@ -452,6 +452,7 @@ def write_report(results: dict[str, Any], path: Path, plots: Sequence[Path] = ()
         ("calls", "Calls (request -> reply over one connection)"),
         ("broadcast", "Broadcast (one writer, N readers)"),
         ("pipeline", "Pipeline (HTTP -> tokenizer -> scheduler -> N ranks)"),
+        ("broadcast_remote", "Broadcast with a remote reader (2 local + 1 over TCP)"),
     ):
         doc = _result(results, name)
         if not doc:
