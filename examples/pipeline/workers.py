@@ -29,6 +29,15 @@ for ``ctx.stopping`` and leaves its blocks, which closes the next hop: the sched
 ``serve`` returns, it closes the broadcast, and the ranks see the end of the stream.
 A rank that dies fails the broadcast (``on_reader_loss="fail"``): the step in flight
 and every queued call fail at once, and the scheduler exits, which stops the topology.
+
+**Ranks on other hosts** (``topology(..., remote=remote_config(...))``): the last
+``remote["ranks"]`` ranks are not started here.  The scheduler's broadcast also serves
+remote readers at ``remote["steps"]`` (``tcp=``, CURVE ``keys=`` off loopback) and a
+TCP listener at ``remote["results"]`` takes their outputs; the two fan-ins (Unix and
+TCP) are merged into one stream the step loop reads.  :func:`remote_rank` (``python
+examples/pipeline rank tcp://HOST:PORT --rank R --ranks N``) is such a rank: the same
+computation, its steps' features arriving as ZeroMQ frames instead of shared slots.
+A remote rank that dies or is cut off fails the broadcast exactly as a local one.
 """
 
 from __future__ import annotations
@@ -288,8 +297,15 @@ async def scheduler(ctx: runtime.WorkerContext) -> None:
                 f"{ranks}: steps at {bc.tcp_address}, results at {net.path}",
                 flush=True,
             )
-        with anyio.fail_after(float(remote.get("join_timeout", START_TIMEOUT))):
-            await bc.wait_ready(ranks)
+        join_timeout = float(remote.get("join_timeout", START_TIMEOUT))
+        try:
+            with anyio.fail_after(join_timeout):
+                await bc.wait_ready(ranks)
+        except TimeoutError:
+            where = f" (remote ranks join at {bc.tcp_address})" if remote else ""
+            raise TimeoutError(
+                f"{bc.poll_readers()} of {ranks} ranks joined within {join_timeout:g} s{where}"
+            ) from None
         with anyio.fail_after(START_TIMEOUT):
             chan = await calls.accept()  # the tokenizer
         sched = _Scheduler(bc, receive, ranks)
