@@ -2,6 +2,12 @@
 
 Prints ``listening on http://HOST:PORT`` once the workers are up and it accepts
 requests; Ctrl-C (or SIGTERM) stops it, workers included.
+
+With ``--remote-ranks K --tcp tcp://HOST:PORT`` the last K ranks run on another host:
+the scheduler serves its broadcast at PORT and a results listener at PORT + 1, prints
+``waiting for remote rank(s) ...`` and the server answers once they have joined.  On
+the other host, ``python examples/pipeline rank tcp://HOST:PORT --rank R --ranks N``
+runs rank R (see examples/README.md: keys, two machines, two network namespaces).
 """
 
 from __future__ import annotations
@@ -10,23 +16,91 @@ import argparse
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as `python examples/pipeline`: make `pipeline` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+KEYS_HINT = (
+    "on this command line: --key-secret SERVER.key_secret --clients DIR (make keys with "
+    "python -m ringwire keygen; see examples/README.md), a 127.0.0.1 address, or --insecure"
+)
 
-def main(argv: list[str] | None = None) -> None:
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python examples/pipeline", description=__doc__.split("\n")[0]
+        prog="python examples/pipeline",
+        description=__doc__.split("\n")[0],
+        epilog="python examples/pipeline rank --help: a rank on another host",
     )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0: an ephemeral port")
     ap.add_argument("--ranks", type=int, default=2, help="tensor-parallel ranks (1-8)")
-    args = ap.parse_args(argv)
+    net = ap.add_argument_group("ranks on other hosts")
+    net.add_argument(
+        "--remote-ranks", type=int, default=0, metavar="K",
+        help="the last K ranks are not started here: they join from another host "
+        "(python examples/pipeline rank ...)",
+    )  # fmt: skip
+    net.add_argument(
+        "--tcp", default="tcp://127.0.0.1:5600", metavar="tcp://HOST:PORT",
+        help="where remote ranks join: the broadcast at PORT, the results at PORT + 1 "
+        "(port 0: any free ports, printed); default %(default)s",
+    )  # fmt: skip
+    net.add_argument("--key-secret", metavar="FILE", help="this server's NAME.key_secret (CURVE)")
+    net.add_argument(
+        "--clients", metavar="DIR", help="the directory of the remote ranks' public .key files"
+    )
+    net.add_argument(
+        "--insecure", action="store_true",
+        help="a non-loopback --tcp without keys (a network you trust)",
+    )  # fmt: skip
+    net.add_argument(
+        "--join-timeout", type=float, default=300.0, metavar="S",
+        help="seconds the remote ranks have to join (default %(default)g)",
+    )  # fmt: skip
 
+    sub = ap.add_subparsers(dest="command", metavar="{rank}")
+    r = sub.add_parser(
+        "rank",
+        help="run one rank on this host, joining a server's --tcp address",
+        description="Run rank R of N of a pipeline server started with --remote-ranks: it "
+        "receives every step over TCP and sends its outputs back; it exits 0 when the "
+        "server stops, 1 when the pipeline fails or cannot be reached.",
+    )
+    r.add_argument("address", metavar="tcp://HOST:PORT", help="the server's --tcp address")
+    r.add_argument("--rank", type=int, required=True, help="this rank (one of the remote ones)")
+    r.add_argument("--ranks", type=int, required=True, help="the server's --ranks")
+    r.add_argument(
+        "--results", metavar="tcp://HOST:PORT",
+        help="the server's results listener (default: the same host, PORT + 1)",
+    )  # fmt: skip
+    r.add_argument("--key-secret", metavar="FILE", help="this rank's NAME.key_secret (CURVE)")
+    r.add_argument("--server-key", metavar="FILE", help="the server's public NAME.key")
+    r.add_argument(
+        "--retry-for", type=float, default=30.0, metavar="S",
+        help="seconds to retry while the server is not listening yet (default %(default)g)",
+    )  # fmt: skip
+    return ap
+
+
+def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
     from pipeline.app import RingwireBackend, make_app, serve_http
+    from pipeline.workers import remote_config
 
-    backend = RingwireBackend(args.ranks)
+    remote = None
+    if args.remote_ranks:
+        try:
+            remote = remote_config(
+                args.remote_ranks, args.ranks, args.tcp, key_secret=args.key_secret,
+                clients=args.clients, insecure=args.insecure, join_timeout=args.join_timeout,
+            )  # fmt: skip
+        except (ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
+            hint = f" ({KEYS_HINT})" if "refusing to listen" in str(exc) else ""
+            ap.error(f"{exc}{hint}")
+    elif args.key_secret or args.clients or args.insecure:
+        ap.error("--key-secret, --clients and --insecure are for --remote-ranks")
+    backend = RingwireBackend(args.ranks, remote=remote)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
@@ -41,5 +115,47 @@ def main(argv: list[str] | None = None) -> None:
             pass
 
 
+def _rank(ap: argparse.ArgumentParser, args: Any) -> int:
+    import anyio
+
+    import ringwire
+    from pipeline.workers import remote_rank
+
+    if not 0 <= args.rank < args.ranks <= 8:
+        ap.error(f"--rank must be from 0 to --ranks - 1 (at most 8 ranks), not {args.rank}")
+    if (args.key_secret is None) != (args.server_key is None):
+        ap.error("CURVE keys need both --key-secret and --server-key")
+    try:
+        keys = None
+        if args.key_secret is not None:
+            keys = ringwire.ClientKeys(secret=args.key_secret, server=args.server_key)
+
+        def joined() -> None:
+            print(f"rank {args.rank} of {args.ranks} joined {args.address}", flush=True)
+
+        anyio.run(
+            lambda: remote_rank(
+                args.address, rank=args.rank, ranks=args.ranks, results=args.results,
+                keys=keys, retry_for=args.retry_for, on_joined=joined,
+            )
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # one line: why this rank stopped
+        print(f"pipeline rank {args.rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"rank {args.rank}: the server closed the broadcast", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.command == "rank":
+        return _rank(ap, args)
+    _serve(ap, args)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -62,14 +62,25 @@ class Backend(Protocol):
 
 class RingwireBackend:
     """The pipeline over ringwire: a ``ringwire.runtime`` topology (tokenizer,
-    scheduler, ``ranks`` ranks) and a ``ringwire.Client`` to the tokenizer."""
+    scheduler, ``ranks`` ranks) and a ``ringwire.Client`` to the tokenizer.
+
+    ``remote``: the scheduler's remote ranks (:func:`pipeline.workers.remote_config`,
+    checked there): the last ``remote["ranks"]`` ranks are not started here but join
+    over TCP from another host (:func:`pipeline.workers.remote_rank`)."""
 
     name = "ringwire"
 
-    def __init__(self, ranks: int = 2, *, drain_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        ranks: int = 2,
+        *,
+        drain_timeout: float = 10.0,
+        remote: dict[str, Any] | None = None,
+    ) -> None:
         if not 1 <= ranks <= 8:
             raise ValueError(f"ranks must be from 1 to 8, not {ranks!r}")
         self.ranks = ranks
+        self.remote = remote
         self._drain_timeout = drain_timeout
         self.topology: Any = None
         self._client: ringwire.Client | None = None
@@ -78,7 +89,9 @@ class RingwireBackend:
     async def running(self) -> AsyncIterator[None]:
         # the workers' sockets live in a private directory, removed at the end
         with tempfile.TemporaryDirectory(prefix="rw-pipeline-") as d:
-            topo = workers.topology(d, self.ranks, drain_timeout=self._drain_timeout)
+            topo = workers.topology(
+                d, self.ranks, self.remote, drain_timeout=self._drain_timeout
+            )
             async with topo:
                 self.topology = topo
                 async with ringwire.Client(topo.channel("tokenizer"), type=Reply) as c:
@@ -102,6 +115,7 @@ class RingwireBackend:
         return {
             "backend": self.name,
             "ranks": self.ranks,
+            "remote_ranks": 0 if self.remote is None else self.remote["ranks"],
             "state": None if topo is None else topo.state,
             "stop_reason": None if topo is None else topo.stop_reason,
             "workers": status,

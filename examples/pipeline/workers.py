@@ -29,11 +29,21 @@ for ``ctx.stopping`` and leaves its blocks, which closes the next hop: the sched
 ``serve`` returns, it closes the broadcast, and the ranks see the end of the stream.
 A rank that dies fails the broadcast (``on_reader_loss="fail"``): the step in flight
 and every queued call fail at once, and the scheduler exits, which stops the topology.
+
+**Ranks on other hosts** (``topology(..., remote=remote_config(...))``): the last
+``remote["ranks"]`` ranks are not started here.  The scheduler's broadcast also serves
+remote readers at ``remote["steps"]`` (``tcp=``, CURVE ``keys=`` off loopback) and a
+TCP listener at ``remote["results"]`` takes their outputs; the two fan-ins (Unix and
+TCP) are merged into one stream the step loop reads.  :func:`remote_rank` (``python
+examples/pipeline rank tcp://HOST:PORT --rank R --ranks N``) is such a rank: the same
+computation, its steps' features arriving as ZeroMQ frames instead of shared slots.
+A remote rank that dies or is cut off fails the broadcast exactly as a local one.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -52,8 +62,12 @@ __all__ = [
     "MAX_BATCH",
     "paths",
     "rank",
+    "remote_config",
+    "remote_rank",
+    "results_address",
     "scheduler",
     "tokenizer",
+    "topology",
 ]
 
 T = TypeVar("T")
@@ -86,17 +100,19 @@ def paths(directory: str) -> dict[str, str]:
     }
 
 
-async def _retry(make: Callable[[], Awaitable[T]], what: str) -> T:
+async def _retry(
+    make: Callable[[], Awaitable[T]], what: str, timeout: float = START_TIMEOUT
+) -> T:
     """``make()`` until the peer's socket exists (workers start in parallel)."""
     try:
-        with anyio.fail_after(START_TIMEOUT):
+        with anyio.fail_after(timeout):
             while True:
                 try:
                     return await make()
                 except (FileNotFoundError, ConnectionRefusedError):
                     await anyio.sleep(0.02)
     except TimeoutError:
-        raise TimeoutError(f"{what}: nobody there within {START_TIMEOUT:g} s") from None
+        raise TimeoutError(f"{what}: nobody there within {timeout:g} s") from None
 
 
 def _one_thread() -> None:
@@ -151,9 +167,14 @@ class _Pending:
 class _Scheduler:
     """Calls in, steps out: a queue and one step loop."""
 
-    def __init__(self, bc: ringwire.Broadcaster, results: ringwire.Listener, ranks: int) -> None:
+    def __init__(
+        self,
+        bc: ringwire.Broadcaster,
+        receive: Callable[[], Awaitable[tuple[Any, Any]]],
+        ranks: int,
+    ) -> None:
         self.bc = bc
-        self.results = results
+        self.receive = receive  # the ranks' outputs: (connection, record)
         self.ranks = ranks
         self.queue: collections.deque[_Pending] = collections.deque()
         self.wake = anyio.Event()
@@ -214,7 +235,7 @@ class _Scheduler:
         deadline = anyio.current_time() + STEP_TIMEOUT
         while len(got) < self.ranks:
             with anyio.move_on_after(POLL_S):
-                _, out = await self.results.receive()
+                _, out = await self.receive()
                 if not isinstance(out, RankOutput) or out.step != step or out.rank in got:
                     raise ringwire.ProtocolError(f"step {step}: unexpected rank output {out!r}")
                 got[out.rank] = out
@@ -228,20 +249,70 @@ class _Scheduler:
         return [got[r] for r in range(self.ranks)]
 
 
+def _server_keys(remote: dict[str, Any]) -> ringwire.ServerKeys | None:
+    if remote.get("key_secret") is None:
+        return None
+    return ringwire.ServerKeys(secret=remote["key_secret"], clients=remote["clients"])
+
+
+async def _forward(listener: ringwire.Listener, into: Any) -> None:
+    """Every record of ``listener``'s fan-in into the memory stream ``into``."""
+    async for _, record in listener:
+        await into.send((None, record))
+
+
 async def scheduler(ctx: runtime.WorkerContext) -> None:
     ranks = int(ctx.options["ranks"])
+    remote: dict[str, Any] = ctx.options.get("remote") or {}
     where = paths(ctx.options["dir"])
-    async with ringwire.broadcast(
-        where["steps"], readers=ranks, slots=FEATURE_SLOTS, on_reader_loss="fail",
-        stall_timeout=STEP_TIMEOUT,
-    ) as bc, ringwire.listen(where["results"], type=RankOutput, slots=None) as results, \
-            ringwire.listen(where["calls"], slots=None) as calls:  # fmt: skip
+    keys = _server_keys(remote) if remote else None
+    tcp = {"tcp": remote["steps"], "keys": keys, "insecure": remote["insecure"]} if remote else {}
+    async with contextlib.AsyncExitStack() as stack:
+        bc = await stack.enter_async_context(
+            ringwire.broadcast(
+                where["steps"], readers=ranks, slots=FEATURE_SLOTS, on_reader_loss="fail",
+                stall_timeout=STEP_TIMEOUT, **tcp,
+            )
+        )  # fmt: skip
+        results = await stack.enter_async_context(
+            ringwire.listen(where["results"], type=RankOutput, slots=None)
+        )
+        calls = await stack.enter_async_context(ringwire.listen(where["calls"], slots=None))
+        receive = results.receive
+        fan_ins: list[ringwire.Listener] = []
+        if remote:  # the remote ranks' outputs come to a TCP listener: merge both fan-ins
+            net = await stack.enter_async_context(
+                ringwire.listen(
+                    remote["results"], type=RankOutput, slots=None, keys=keys,
+                    insecure=remote["insecure"],
+                )
+            )  # fmt: skip
+            merged_in, merged = anyio.create_memory_object_stream[Any](2 * ranks)
+            stack.enter_context(merged_in)
+            stack.enter_context(merged)
+            fan_ins, receive = [results, net], merged.receive
+            first = ranks - int(remote["ranks"])
+            print(
+                f"waiting for remote rank(s) {', '.join(map(str, range(first, ranks)))} of "
+                f"{ranks}: steps at {bc.tcp_address}, results at {net.path}",
+                flush=True,
+            )
+        join_timeout = float(remote.get("join_timeout", START_TIMEOUT))
+        try:
+            with anyio.fail_after(join_timeout):
+                await bc.wait_ready(ranks)
+        except TimeoutError:
+            where = f" (remote ranks join at {bc.tcp_address})" if remote else ""
+            raise TimeoutError(
+                f"{bc.poll_readers()} of {ranks} ranks joined within {join_timeout:g} s{where}"
+            ) from None
         with anyio.fail_after(START_TIMEOUT):
-            await bc.wait_ready(ranks)
             chan = await calls.accept()  # the tokenizer
-        sched = _Scheduler(bc, results, ranks)
+        sched = _Scheduler(bc, receive, ranks)
         ctx.ready()
         async with chan, anyio.create_task_group() as tg:
+            for fan_in in fan_ins:
+                tg.start_soon(_forward, fan_in, merged_in)
             tg.start_soon(sched.run)
             await ringwire.serve(
                 chan, sched.handle, type=TokenizedRequest, concurrency=CONCURRENCY
@@ -251,6 +322,13 @@ async def scheduler(ctx: runtime.WorkerContext) -> None:
 
 
 # -- ranks -------------------------------------------------------------------------------
+
+
+async def _compute(sub: ringwire.Subscriber, out: ringwire.Channel, me: int, ranks: int) -> None:
+    async for step in sub:  # ends when the scheduler closes the broadcast
+        result = stages.rank_compute(step, me, ranks)
+        del step  # our views of the shared slots (or of the received frames) die here
+        await out.send(result)
 
 
 async def rank(ctx: runtime.WorkerContext) -> None:
@@ -266,17 +344,99 @@ async def rank(ctx: runtime.WorkerContext) -> None:
         )
         async with sub:
             ctx.ready()
-            async for step in sub:  # ends when the scheduler closes the broadcast
-                result = stages.rank_compute(step, me, ranks)
-                del step  # our views of the shared slots die here
-                await out.send(result)
+            await _compute(sub, out, me, ranks)
 
 
-def topology(directory: str, ranks: int, **options: Any) -> runtime.Topology:
+def results_address(steps: str) -> str:
+    """The scheduler's TCP results listener beside its broadcast at ``steps``: the next
+    port (``tcp://host:0`` -- any free port -- stays 0)."""
+    head, _, port = steps.rpartition(":")
+    if not steps.startswith("tcp://") or not port.isdigit():
+        raise ValueError(f"not a tcp://host:port address: {steps!r}")
+    return f"{head}:{int(port) + 1 if int(port) else 0}"
+
+
+async def remote_rank(
+    steps: str,
+    *,
+    rank: int,
+    ranks: int,
+    results: str | None = None,
+    keys: ringwire.ClientKeys | None = None,
+    retry_for: float = START_TIMEOUT,
+    on_joined: Callable[[], None] | None = None,
+) -> None:
+    """Rank ``rank`` of ``ranks`` on another host: it subscribes to the scheduler's
+    broadcast at ``steps`` (its ``tcp=``) and sends its outputs to the scheduler's TCP
+    listener at ``results`` (default: :func:`results_address`), with ``keys`` when the
+    scheduler has keys; it retries for ``retry_for`` seconds while nobody listens there
+    yet.  Returns when the scheduler closes the broadcast (the server stopped); raises
+    ``BrokenResourceError`` if the broadcast fails or the server goes away."""
+    _one_thread()
+    results = results_address(steps) if results is None else results
+    out = await _retry(
+        lambda: ringwire.connect(results, slots=None, capacity=64 << 10, keys=keys),
+        f"the scheduler's results at {results}", retry_for,
+    )  # fmt: skip
+    async with out:
+        sub = await _retry(
+            lambda: ringwire.subscribe(steps, rank=rank, type=Step, keys=keys),
+            f"the scheduler's broadcast at {steps}", retry_for,
+        )  # fmt: skip
+        async with sub:
+            if on_joined is not None:
+                on_joined()
+            await _compute(sub, out, rank, ranks)
+
+
+def remote_config(
+    remote_ranks: int,
+    ranks: int,
+    tcp: str,
+    *,
+    results: str | None = None,
+    key_secret: str | None = None,
+    clients: str | None = None,
+    insecure: bool = False,
+    join_timeout: float = 300.0,
+) -> dict[str, Any]:
+    """The scheduler's ``remote`` option: the last ``remote_ranks`` of ``ranks`` join
+    from another host, at the broadcast's ``tcp`` address and the results listener's
+    ``results`` (default :func:`results_address`), with CURVE keys (``key_secret``: the
+    server's ``NAME.key_secret``; ``clients``: the directory of the remote ranks'
+    public ``.key`` files) or ``insecure``; ``join_timeout`` seconds for them to join.
+
+    Checked here, in the front, with ringwire's own checks, before any process starts:
+    raises ``ValueError`` (a bad address; a non-loopback address without keys or
+    ``insecure`` -- ringwire refuses to listen there), ``FileNotFoundError`` & co.
+    naming a bad key file."""
+    if not 1 <= remote_ranks <= ranks:
+        raise ValueError(f"remote ranks must be from 1 to {ranks}, not {remote_ranks!r}")
+    if (key_secret is None) != (clients is None):
+        raise ValueError("CURVE keys need both the server's secret key and the clients' directory")
+    results = results_address(tcp) if results is None else results
+    keys = None if key_secret is None else ringwire.ServerKeys(secret=key_secret, clients=clients)
+    for url in (tcp, results):  # ringwire's checks, without binding anything yet
+        ringwire.listen(url, slots=None, keys=keys, insecure=insecure).close()
+    return {
+        "ranks": remote_ranks, "steps": tcp, "results": results, "key_secret": key_secret,
+        "clients": clients, "insecure": insecure, "join_timeout": float(join_timeout),
+    }  # fmt: skip
+
+
+def topology(
+    directory: str, ranks: int, remote: dict[str, Any] | None = None, **options: Any
+) -> runtime.Topology:
     """The pipeline's workers: tokenizer, scheduler and ``ranks`` ranks (their sockets
-    in ``directory``)."""
+    in ``directory``).  With ``remote`` (see :class:`pipeline.app.RingwireBackend`) the
+    last ``remote["ranks"]`` ranks are not started here: the scheduler also serves its
+    broadcast and a results listener over TCP, and waits for those ranks to join from
+    another host (:func:`remote_rank`)."""
     if not 1 <= ranks <= 8:
         raise ValueError(f"ranks must be from 1 to 8, not {ranks!r}")
+    local = ranks - (int(remote["ranks"]) if remote else 0)
+    if not 0 <= local < ranks and remote is not None:
+        raise ValueError(f"remote ranks must be from 1 to {ranks}, not {remote['ranks']!r}")
     common = {"dir": directory, "ranks": ranks}
     workers = [
         runtime.Worker(
@@ -284,14 +444,16 @@ def topology(directory: str, ranks: int, **options: Any) -> runtime.Topology:
             ready="explicit",
         ),
         runtime.Worker(
-            "scheduler", "pipeline.workers:scheduler", options=common, slots=None,
-            capacity=64 << 10, ready="explicit",
+            "scheduler", "pipeline.workers:scheduler", options={**common, "remote": remote},
+            slots=None, capacity=64 << 10, ready="explicit",
         ),
     ] + [
         runtime.Worker(
             f"rank-{r}", "pipeline.workers:rank", options={**common, "rank": r}, slots=None,
             capacity=64 << 10, ready="explicit",
         )
-        for r in range(ranks)
+        for r in range(local)
     ]  # fmt: skip
+    if remote:  # the remote ranks may take a while to be started on their host
+        options.setdefault("ready_timeout", float(remote["join_timeout"]) + START_TIMEOUT)
     return runtime.Topology(workers, slots=None, **options)

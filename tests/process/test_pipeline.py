@@ -4,7 +4,9 @@ on a real uvicorn server driven by httpx; a rank killed mid-run; the script itse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -207,3 +209,207 @@ def test_script(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- one rank on another host (tcp://127.0.0.1 here) -------------------------------------
+
+
+class _Proc:
+    """A subprocess whose output lines are collected by a thread (so waiting for one
+    has a timeout), in a session of its own (so its workers can be killed with it)."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        import queue
+
+        self.proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def expect(self, prefix: str, timeout: float = 90) -> str:
+        """The first line (from now) starting with ``prefix``."""
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {prefix!r} within {timeout:g} s: {self.lines}") from None
+            if line is None:
+                raise AssertionError(f"exited ({self.proc.wait()}) before {prefix!r}: {self.lines}")
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return line.strip()
+
+    def finish(self, timeout: float = 60) -> int:
+        """Its exit status, once its output is all read."""
+        rc = self.proc.wait(timeout)
+        self._thread.join(timeout)
+        while (line := self._queue.get_nowait()) is not None:
+            self.lines.append(line)
+        return rc
+
+    def kill(self) -> None:
+        """Kill it and whatever it started (a failed test's cleanup)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _keygen(tmp_path: Path) -> dict[str, list[str]]:
+    """The README's keys: the server's pair, rank 1's pair, rank 1's public key in the
+    server's clients directory; the flags each side takes."""
+    for name in ("server", "rank1"):
+        subprocess.run(
+            [sys.executable, "-m", "ringwire", "keygen", "keys", "--name", name],
+            cwd=tmp_path, check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+    (tmp_path / "clients").mkdir()
+    shutil.copy(tmp_path / "keys" / "rank1.key", tmp_path / "clients")
+    return {
+        "server": ["--key-secret", "keys/server.key_secret", "--clients", "clients"],
+        "rank": ["--key-secret", "keys/rank1.key_secret", "--server-key", "keys/server.key"],
+    }
+
+
+def _remote_pipeline(tmp_path: Path, keys: bool) -> tuple[_Proc, _Proc, str]:
+    """The server with rank 1 of 2 remote at tcp://127.0.0.1 (any free ports) and that
+    rank started the documented way; (server, rank, the server's base URL)."""
+    flags = _keygen(tmp_path) if keys else {"server": [], "rank": []}
+    server = _Proc(
+        [str(EXAMPLES / "pipeline"), "--port", "0", "--ranks", "2", "--remote-ranks", "1",
+         "--tcp", "tcp://127.0.0.1:0", *flags["server"]],
+        tmp_path,
+    )  # fmt: skip
+    procs = [server]
+    try:
+        line = server.expect("waiting for remote rank(s) 1 of 2: ")
+        _, _, where = line.partition("steps at ")
+        steps, _, results = where.partition(", results at ")
+        assert steps.startswith("tcp://127.0.0.1:") and results.startswith("tcp://127.0.0.1:")
+        rank = _Proc(
+            [str(EXAMPLES / "pipeline"), "rank", steps, "--results", results, "--rank", "1",
+             "--ranks", "2", *flags["rank"]],
+            tmp_path,
+        )  # fmt: skip
+        procs.append(rank)
+        base = server.expect("listening on http://").split()[-1]
+        assert rank.expect("rank 1 of 2 joined ") == f"rank 1 of 2 joined {steps}"
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    return server, rank, base
+
+
+@pytest.mark.parametrize("keys", [False, True], ids=["loopback", "curve"])
+def test_remote_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: bool) -> None:
+    """``--remote-ranks 1 --tcp tcp://127.0.0.1:0`` and ``python examples/pipeline rank
+    ...`` in another process (without keys, and with the README's CURVE keys): every
+    answer is exact (rank 1's share of each feature came over TCP), then SIGINT stops
+    the server and the remote rank exits 0 (the broadcast ended), nothing left."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("torch")
+    if keys:
+        pytest.importorskip("zmq")
+    import httpx
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from pipeline import stages
+
+    server, rank, base = _remote_pipeline(tmp_path, keys)
+    try:
+        bodies = _bodies(15)
+        replies = asyncio.run(_post_all(base, bodies, concurrency=5))
+        for body, r in zip(bodies, replies):
+            assert r.status_code == 200, r.text
+            got = r.json()
+            want = stages.expected(stages.parse_request(body, "x"))
+            assert got["feature_sum"] == want["feature_sum"], (body, got)
+            assert got["output_ids"] == want["output_ids"], (body, got)
+            assert got["image_tokens"] == want["image_tokens"]
+            assert got["ranks"] == 2
+        health = httpx.get(base + "/health", timeout=30).json()
+        assert health["state"] == "running" and health["remote_ranks"] == 1, health
+        assert set(health["workers"]) == {"tokenizer", "scheduler", "rank-0"}, health
+        server.proc.send_signal(signal.SIGINT)
+        assert server.finish() == 0, server.lines
+        assert rank.finish() == 0, rank.lines
+        assert "rank 1: the server closed the broadcast\n" in rank.lines, rank.lines
+    finally:
+        server.kill()
+        rank.kill()
+
+
+def test_remote_rank_killed(tmp_path: Path) -> None:
+    """kill -9 of the remote rank: the broadcast fails naming rank 1, requests are
+    answered 502/503 at once, and the server stops its topology (then exits on
+    SIGINT), nothing left behind."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("torch")
+    import httpx
+
+    server, rank, base = _remote_pipeline(tmp_path, keys=False)
+    try:
+        with httpx.Client(base_url=base, timeout=60) as c:
+            assert c.post("/generate", json={"prompt": "warm", "images": 1}).status_code == 200
+            rank.proc.kill()
+            rank.finish()
+            t0 = time.monotonic()
+            codes = [r.status_code for r in asyncio.run(_post_all(base, _bodies(4), 4))]
+            assert time.monotonic() - t0 < 20
+            assert all(code in (502, 503) for code in codes), codes
+            deadline = time.monotonic() + 30
+            while c.get("/health").json()["state"] != "stopped":
+                assert time.monotonic() < deadline, c.get("/health").json()
+                time.sleep(0.1)
+        server.proc.send_signal(signal.SIGINT)
+        assert server.finish() == 0, server.lines
+        assert any("rank 1" in line and "lost" in line for line in server.lines), server.lines
+    finally:
+        server.kill()
+        rank.kill()
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--tcp", "tcp://0.0.0.0:0"], "refusing to listen at tcp://0.0.0.0:0"),
+        (["--key-secret", "nope.key_secret", "--clients", "."], "nope.key_secret"),
+        (["--key-secret", "nope.key_secret"], "--clients"),
+        (["--tcp", "127.0.0.1:5600"], "tcp://"),
+    ],
+    ids=["non-loopback-without-keys", "missing-key-file", "half-keys", "bad-address"],
+)
+def test_remote_flags_refused(tmp_path: Path, flags: list[str], says: str) -> None:
+    """A non-loopback ``--tcp`` without keys (ringwire refuses to listen there), a
+    missing key file, half the keys, a bad address: exit status 2 with ringwire's
+    reason (and, for the refusal, the flags that fix it), before any worker starts."""
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLES / "pipeline"), "--port", "0", "--remote-ranks", "1",
+         *flags],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert says in r.stderr, r.stderr
+    assert "listening" not in r.stdout and "waiting" not in r.stdout
+    if "refusing" in says:
+        assert "--key-secret" in r.stderr and "--insecure" in r.stderr, r.stderr
