@@ -431,6 +431,7 @@ def _serve_remote(
             acceptor,
             hub,
             readers=hub.readers,
+            window=capacity,
             handshake_timeout=handshake_timeout,
             memory_of=pool.memory_of if pool is not None else None,
             release=pool.release if pool is not None else None,
@@ -479,7 +480,7 @@ def broadcast(
     loss), ``stall_timeout`` and receipts.  Each step travels once over each remote
     reader's connection, its arrays as ZeroMQ frames sent straight from the slot.  The
     writer's queue for each remote reader is its credit window: at most ``capacity``
-    (or the reader's smaller ``capacity``) record bytes sent and not consumed (arrays: the slot pool, whose slots a remote
+    record bytes sent and not consumed (arrays: the slot pool, whose slots a remote
     reader holds until its views of them die); when it is full a send waits, as for a
     full ring.  A non-loopback address needs ``keys`` (:class:`ServerKeys`: CURVE, only
     the listed clients) or ``insecure=True``.

@@ -48,7 +48,6 @@ from .._wire.broadcast_control import (
     encode_remote,
 )
 from .async_channel import Channel
-from .connect import DEFAULT_CAPACITY
 from .endpoint import DEFAULT_SPIN_US, UNSET, Endpoint
 from .listener import DEFAULT_HANDSHAKE_TIMEOUT
 from .netconn import (
@@ -320,7 +319,6 @@ def _remote_start(
     copy_out: bool,
     keys: ClientKeys | None,
     heartbeat: float,
-    capacity: int,
 ) -> Any:
     """Check a remote subscription's arguments; its connection's handshake generator."""
     check_options(spin_us, handshake_timeout, copy_out)
@@ -329,7 +327,7 @@ def _remote_start(
         raise ValueError(f"rank must be None or an int >= 0, not {rank!r}")
     _, gen = connect_transport(
         url,
-        capacity=capacity,
+        capacity=REMOTE_ASK,
         slots=None,
         heartbeat=heartbeat,
         timeout=handshake_timeout,
@@ -337,6 +335,9 @@ def _remote_start(
         max_message=-1,  # arrays of any size come from the writer's slots and arena
     )
     return gen
+
+
+REMOTE_ASK = 1 << 30  # the lane a remote reader asks for: the writer answers its window
 
 
 def _join_payload(rank: int | None) -> bytes:
@@ -361,9 +362,8 @@ async def _subscribe_remote(
     copy_out: bool,
     keys: ClientKeys | None,
     heartbeat: float,
-    capacity: int,
 ) -> Subscriber:
-    gen = _remote_start(url, rank, spin_us, handshake_timeout, copy_out, keys, heartbeat, capacity)
+    gen = _remote_start(url, rank, spin_us, handshake_timeout, copy_out, keys, heartbeat)
     deadline = time.monotonic() + handshake_timeout
     t = receiving(await drive_async(gen), copy_out)
     core = Endpoint(t, type=type, spin_us=spin_us, name=url)
@@ -376,7 +376,8 @@ async def _subscribe_remote(
                 joined = await chan.receive(type=RemoteJoined)
             except (BrokenResourceError, EndOfStream, DecodeError) as exc:
                 raise _refused(url, core, exc) from None
-        check_remote_joined(joined)
+        check_remote_joined(joined, REMOTE_ASK)
+        t.rx.capacity = joined.window  # (credit as the writer's window says)
     except BaseException:
         chan.close()
         raise
@@ -392,9 +393,8 @@ def _subscribe_remote_sync(
     copy_out: bool,
     keys: ClientKeys | None,
     heartbeat: float,
-    capacity: int,
 ) -> SyncSubscriber:
-    gen = _remote_start(url, rank, spin_us, handshake_timeout, copy_out, keys, heartbeat, capacity)
+    gen = _remote_start(url, rank, spin_us, handshake_timeout, copy_out, keys, heartbeat)
     deadline = time.monotonic() + handshake_timeout
     t = receiving(drive_sync(gen), copy_out)
     core = Endpoint(t, type=type, spin_us=spin_us, name=url)
@@ -406,7 +406,8 @@ def _subscribe_remote_sync(
             joined = chan.receive(max(0.0, deadline - time.monotonic()), type=RemoteJoined)
         except (BrokenResourceError, EndOfStream, DecodeError) as exc:
             raise _refused(url, core, exc) from None
-        check_remote_joined(joined)
+        check_remote_joined(joined, REMOTE_ASK)
+        t.rx.capacity = joined.window  # (credit as the writer's window says)
     except BaseException:
         chan.close()
         raise
@@ -423,7 +424,6 @@ async def subscribe(
     copy_out: bool = False,
     keys: ClientKeys | None = None,
     heartbeat: float = DEFAULT_HEARTBEAT,
-    capacity: int = DEFAULT_CAPACITY,
 ) -> Subscriber:
     """Join the broadcast at ``path`` as reader ``rank`` (``None``: any free rank);
     return the async reader.  It receives what the writer sends from now on.
@@ -435,9 +435,8 @@ async def subscribe(
     ``path`` may be the writer's ``tcp://host:port`` (its ``tcp=``): a reader on
     another host, with the same API and promises; ``keys`` (:class:`ClientKeys`) when
     the writer has keys, ``heartbeat`` seconds of silence that count as a lost
-    writer, ``capacity`` the bytes of records in flight to it (its queue at the
-    writer; the writer's own ``capacity`` if that is smaller).  ``keys``, ``heartbeat`` and
-    ``capacity`` are ignored for a Unix path.
+    writer (records in flight to it are bounded by the writer's ``capacity``).
+    ``keys`` and ``heartbeat`` are ignored for a Unix path.
 
     Raises :class:`HandshakeError` if the writer refuses (rank taken, every rank
     taken, a failed broadcast), ``TimeoutError`` after ``handshake_timeout``,
@@ -446,7 +445,7 @@ async def subscribe(
     address or argument."""
     if _is_tcp(path):
         return await _subscribe_remote(
-            str(path), rank, type, spin_us, handshake_timeout, copy_out, keys, heartbeat, capacity
+            str(path), rank, type, spin_us, handshake_timeout, copy_out, keys, heartbeat
         )
     sock, where = _socket(path)
     try:
@@ -477,12 +476,11 @@ def subscribe_sync(
     copy_out: bool = False,
     keys: ClientKeys | None = None,
     heartbeat: float = DEFAULT_HEARTBEAT,
-    capacity: int = DEFAULT_CAPACITY,
 ) -> SyncSubscriber:
     """Blocking :func:`subscribe`: returns a :class:`SyncSubscriber`."""
     if _is_tcp(path):
         return _subscribe_remote_sync(
-            str(path), rank, type, spin_us, handshake_timeout, copy_out, keys, heartbeat, capacity
+            str(path), rank, type, spin_us, handshake_timeout, copy_out, keys, heartbeat
         )
     sock, where = _socket(path)
     deadline = time.monotonic() + handshake_timeout

@@ -49,8 +49,9 @@ tracker, and the shares of a reader that went are given up
 (:meth:`Fanout.when_sent`) only once every frame sent before it went is done with:
 until then its rank is not handed out again, and its slots are not reused.
 
-Bounded memory: a connection's credit window (the reader's ``capacity``, at most the
-broadcast's) is the writer's queue for that reader, in record bytes; arrays are
+Bounded memory: a connection's credit window -- the broadcast's ``capacity``: the
+reader asks for more, the acceptor gives it that, and :class:`RemoteJoined` tells the
+reader its window -- is the writer's queue for that reader, in record bytes; arrays are
 bounded by the slot pool, whose shares a slow reader keeps.  A full window makes the
 send wait as a full ring does, and after ``stall_timeout``
 :class:`~ringwire.ReaderStalled` names the reader's rank and host
@@ -181,6 +182,7 @@ class Fanout:
         hub: Any,
         *,
         readers: int,
+        window: int,
         handshake_timeout: float,
         memory_of: Callable[[SlotRef], tuple[Any, int]] | None,
         release: Callable[[int, list[tuple[int, int]]], None] | None,
@@ -188,6 +190,7 @@ class Fanout:
         self.acceptor = acceptor
         self.hub = hub
         self.readers = readers
+        self.window = window  # the credit of every connection: the ring's capacity
         self.handshake_timeout = handshake_timeout
         self.memory_of = memory_of
         self.release = release
@@ -300,6 +303,11 @@ class Fanout:
             view.release()
             t.rx.commit()
             join = decode_remote_join(data, self.readers)
+            if t.tx.capacity < self.window:
+                raise HandshakeError(
+                    f"its lane of {t.tx.capacity} bytes is smaller than this broadcast's "
+                    f"{self.window}: records up to half of that must fit"
+                )
             version, rank, start = self.hub.admit_remote(rr.pid, rr.host, join)
         except HandshakeError as exc:
             self._refuse(rr, str(exc))
@@ -308,7 +316,12 @@ class Fanout:
         del self._joining[t.fileno()]
         self.conns[rank] = rr
         answer = RemoteJoined(
-            version=version, pid=self.hub.pid, rank=rank, start=start, readers=self.readers
+            version=version,
+            pid=self.hub.pid,
+            rank=rank,
+            start=start,
+            readers=self.readers,
+            window=t.tx.capacity,
         )
         t.tx.try_write(encode_remote(answer))  # (a fresh window: it fits)
 

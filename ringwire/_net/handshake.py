@@ -581,7 +581,7 @@ class NetAcceptor:
         hello = check_hello(
             decode_rendezvous(data, "hello"), 1 << 30 if self._clamp else self._max_capacity
         )
-        cap = hello.capacity
+        cap = min(hello.capacity, self._max_capacity) if self._clamp else hello.capacity
         if len(self._pending) >= MAX_PENDING:
             raise HandshakeError(
                 f"{MAX_PENDING} handshakes are in progress at {self.url} (pid {hello.pid} on "

@@ -115,6 +115,7 @@ class RemoteJoined(msgspec.Struct, tag="remote-joined", kw_only=True):
     rank: int
     start: int  # the writer's ring position at admission (as Joined.start)
     readers: int
+    window: int  # record bytes the writer may have in flight to this reader (its credit)
     features: list[str] = []
 
 
@@ -227,12 +228,15 @@ def decode_remote_join(data: bytes | memoryview, readers: int) -> Join:
     return msg
 
 
-def check_remote_joined(msg: RemoteJoined) -> RemoteJoined:
-    """The writer's answer to a remote join, checked; :class:`HandshakeError` otherwise."""
+def check_remote_joined(msg: RemoteJoined, asked: int) -> RemoteJoined:
+    """The writer's answer to a remote join that asked for a lane of ``asked`` bytes,
+    checked; :class:`HandshakeError` otherwise."""
     if msg.version not in BROADCAST_VERSIONS:
         raise HandshakeError(f"the writer chose unsupported version {msg.version}")
     if not 1 <= msg.readers <= MAX_READERS or not 0 <= msg.rank < msg.readers:
         raise HandshakeError(f"rank {msg.rank} of {msg.readers} readers")
     if msg.start < 0:
         raise HandshakeError(f"bad start position {msg.start}")
+    if not 1024 <= msg.window <= asked:
+        raise HandshakeError(f"a window of {msg.window} bytes (asked for at most {asked})")
     return msg

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -230,9 +231,9 @@ def test_a_tracked_send_completes_when_the_remote_reader_releases(bpath: str) ->
 
 def test_a_remote_reader_that_stops_reading_is_named_by_reader_stalled(bpath: str) -> None:
     with ringwire.broadcast_sync(
-        bpath, readers=2, slots=None, tcp=LOOPBACK, stall_timeout=0.5
+        bpath, readers=2, capacity=SMALL, slots=None, tcp=LOOPBACK, stall_timeout=0.5
     ) as bc:
-        sub = ringwire.subscribe_sync(bc.tcp_address, rank=1, capacity=SMALL)
+        sub = ringwire.subscribe_sync(bc.tcp_address, rank=1)  # its window: SMALL
         bc.wait_ready(1, timeout=10)
         with pytest.raises(ReaderStalled) as info:
             for i in range(10_000):
@@ -249,10 +250,10 @@ def test_a_remote_reader_that_stops_reading_is_named_by_reader_stalled(bpath: st
         sub.close()
 
 
-def raw_client(url: str) -> Any:
+def raw_client(url: str, capacity: int = 1 << 20) -> Any:
     """A bare TCP connection to the writer (its NetTransport): a hostile reader."""
     _, gen = connect_transport(
-        url, capacity=1 << 20, slots=None, heartbeat=3.0, timeout=10, max_message=-1
+        url, capacity=capacity, slots=None, heartbeat=3.0, timeout=10, max_message=-1
     )
     return drive_sync(gen)
 
@@ -296,6 +297,7 @@ HOSTILE = {
     ),
     "a rank that is taken": (lambda t: join(t, 0), "rank 0 is taken"),
     "a rank outside the table": (lambda t: join(t, 9), "outside this broadcast's table"),
+    "a lane smaller than the broadcast's": (lambda t: join(t, 1), "smaller than this broadcast"),
 }
 LOSSES = {
     # after a valid join and one step with an array -> why it is lost
@@ -334,7 +336,7 @@ def test_a_hostile_join_is_refused_and_the_broadcast_goes_on(bpath: str, attack:
     act, reason = HOSTILE[attack]
     with ringwire.broadcast_sync(bpath, readers=2, slots=SLOTS, tcp=LOOPBACK) as bc:
         local = ringwire.subscribe_sync(bpath, rank=0)
-        t = raw_client(bc.tcp_address)
+        t = raw_client(bc.tcp_address, 4096 if "smaller" in attack else 1 << 20)
         try:
             assert act(t) is None  # the writer hung up on it...
             assert reason in (t.peer_reason or "")  # ...saying why
@@ -444,3 +446,20 @@ def test_an_async_writer_serves_remote_readers(bpath: str) -> None:
 
     got = anyio.run(main)
     assert got == [*(digest(step(i, 32 * 1024)) for i in range(11)), "eos"]
+
+
+def test_batches_and_loans_reach_remote_readers(bpath: str) -> None:
+    sent = [step(i, 16 * 1024 if i % 3 == 0 else 0) for i in range(30)]
+    with ringwire.broadcast_sync(bpath, readers=1, slots=SLOTS, tcp=LOOPBACK) as bc:
+        t, out = start_remote(bc.tcp_address)
+        bc.wait_ready(1, timeout=10)
+        bc.send_many(sent)
+        for seq, n in ((30, 4096), (31, 1 << 20)):  # a loan in a slot, one in the arena
+            a = bc.loan((n,), np.int64)
+            a[:] = seq
+            rec = {"seq": seq, "a": a}
+            bc.send(rec)
+            sent.append({"seq": seq, "a": np.full(n, seq, dtype=np.int64)})
+            del a, rec
+    t.join(20)
+    assert out["got"] == [*(digest(r) for r in sent), "eos"]
