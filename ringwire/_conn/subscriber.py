@@ -340,10 +340,18 @@ def _remote_start(
 REMOTE_ASK = 1 << 30  # the lane a remote reader asks for: the writer answers its window
 
 
-def _join_payload(rank: int | None) -> bytes:
-    return encode_remote(
-        Join(versions=list(BROADCAST_VERSIONS), pid=os.getpid(), rank=-1 if rank is None else rank)
+def _send_join(core: Endpoint, rank: int | None, url: str) -> None:
+    join = Join(
+        versions=list(BROADCAST_VERSIONS), pid=os.getpid(), rank=-1 if rank is None else rank
     )
+    if not core.try_send(encode_remote(join)):  # pragma: no cover - a fresh window
+        raise HandshakeError(f"no room for the join on the connection to {url}")
+
+
+def _admitted(t: Any, joined: RemoteJoined) -> RemoteReading:
+    check_remote_joined(joined, REMOTE_ASK)
+    t.rx.capacity = joined.window  # (credit as the writer's window says)
+    return RemoteReading(t, joined)
 
 
 def _refused(url: str, core: Endpoint, exc: BaseException) -> HandshakeError:
@@ -370,18 +378,16 @@ async def _subscribe_remote(
     chan = Channel(core)
     try:
         with anyio.fail_after(max(0.0, deadline - time.monotonic())):
-            if not core.try_send(_join_payload(rank)):  # pragma: no cover - a fresh window
-                raise HandshakeError(f"no room for the join on the connection to {url}")
+            _send_join(core, rank, url)
             try:
                 joined = await chan.receive(type=RemoteJoined)
             except (BrokenResourceError, EndOfStream, DecodeError) as exc:
                 raise _refused(url, core, exc) from None
-        check_remote_joined(joined, REMOTE_ASK)
-        t.rx.capacity = joined.window  # (credit as the writer's window says)
+        reading = _admitted(t, joined)
     except BaseException:
         chan.close()
         raise
-    return Subscriber(core, RemoteReading(t, joined), chan)
+    return Subscriber(core, reading, chan)
 
 
 def _subscribe_remote_sync(
@@ -400,18 +406,16 @@ def _subscribe_remote_sync(
     core = Endpoint(t, type=type, spin_us=spin_us, name=url)
     chan = SyncChannel(core)
     try:
-        if not core.try_send(_join_payload(rank)):  # pragma: no cover - a fresh window
-            raise HandshakeError(f"no room for the join on the connection to {url}")
+        _send_join(core, rank, url)
         try:
             joined = chan.receive(max(0.0, deadline - time.monotonic()), type=RemoteJoined)
         except (BrokenResourceError, EndOfStream, DecodeError) as exc:
             raise _refused(url, core, exc) from None
-        check_remote_joined(joined, REMOTE_ASK)
-        t.rx.capacity = joined.window  # (credit as the writer's window says)
+        reading = _admitted(t, joined)
     except BaseException:
         chan.close()
         raise
-    return SyncSubscriber(core, RemoteReading(t, joined), chan)
+    return SyncSubscriber(core, reading, chan)
 
 
 async def subscribe(
