@@ -95,14 +95,17 @@ _enc = msgspec.msgpack.Encoder()
 _SENT_PATIENCE = GRACE + LINGER_MS / 1000 + 5.0  # seconds a closed socket may hold frames
 
 
-def _wake_when_sent(trackers: list[Any], wake: Callable[[], None]) -> None:
+def _wake_when_sent(trackers: list[Any], wake: socket.socket, closing: threading.Event) -> None:
     """(A thread) Wait until ZeroMQ has let go of ``trackers``' frames -- closing the
-    retired sockets whose grace is over meanwhile -- then ``wake()`` the writer."""
+    retired sockets whose grace is over meanwhile -- then ring ``wake``, the fanout's
+    (it holds no reference to the fanout: a writer dropped meanwhile is collected)."""
     deadline = time.monotonic() + _SENT_PATIENCE
     while not all(t.done for t in trackers) and time.monotonic() < deadline:
         reap()
-        time.sleep(0.05)
-    wake()
+        if closing.wait(0.05):
+            return
+    with contextlib.suppress(OSError):
+        wake.send(b"w")
 
 
 def to_frames(payload: bytes, memory_of: Callable[[SlotRef], tuple[Any, int]]) -> bytes:
@@ -208,6 +211,7 @@ class Fanout:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._ep.register(self._wake_r.fileno(), select.EPOLLIN)
+        self._closing = threading.Event()  # (stops when_sent's threads)
         self.closed = False
 
     def __repr__(self) -> str:
@@ -247,6 +251,19 @@ class Fanout:
         for fd, rr in list(self._by_fd.items()):
             if fd in ready or (rr.rank < 0 and now > rr.deadline):
                 self._step(rr, now)
+
+    def next_deadline(self) -> float | None:
+        """When the earliest attach or join in progress times out (``None``: none)."""
+        until = self.acceptor.next_deadline() if not self.closed else None
+        for rr in self._joining.values():
+            if until is None or rr.deadline < until:
+                until = rr.deadline
+        return until
+
+    def overdue(self) -> bool:
+        """Is an attach or a join past its deadline (a :meth:`poll` would refuse it)?"""
+        until = self.next_deadline()
+        return until is not None and time.monotonic() > until
 
     def _adopt(self, t: Any) -> None:
         rr = RemoteReader(t, time.monotonic() + self.handshake_timeout)
@@ -377,14 +394,10 @@ class Fanout:
         self._after.append((rank, pending, fn))
         threading.Thread(
             target=_wake_when_sent,
-            args=(pending, self._wake),
+            args=(pending, self._wake_w, self._closing),
             name="ringwire-fanout-sent",
             daemon=True,
         ).start()
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"w")
 
     def _run_after(self) -> None:
         keep = []
@@ -472,6 +485,7 @@ class Fanout:
         if self.closed:
             return
         self.closed = True
+        self._closing.set()
         for rr in list(self._by_fd.values()):
             if rr.rank >= 0:
                 rr.t.tx.close()  # E: after every record sent

@@ -67,6 +67,7 @@ import logging
 import os
 import selectors
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -120,6 +121,15 @@ _REMOTE = object()
 
 def _ignore(event: ReaderEvent) -> None:
     pass
+
+
+def _ring_at(wake: socket.socket, when: float, closing: threading.Event) -> None:
+    """(A thread) Ring ``wake`` at ``when``, unless the hub closes first."""
+    if not closing.wait(max(0.0, when - time.monotonic()) + 0.01):
+        try:
+            wake.send(b"w")
+        except OSError:
+            pass
 
 
 class ReaderEvent(NamedTuple):
@@ -199,6 +209,8 @@ class BroadcastHub:
         self.events: list[ReaderEvent] = []
         self.live_mask = 0  # readers admitted (the slot holders of a new record)
         self.remote: Any = None  # the Fanout of readers on other hosts (attach_remote)
+        self._alarm: float | None = None  # the handshake deadline a thread will wake us at
+        self._closing = threading.Event()  # (stops that thread)
         self.pid = os.getpid()
         self.failed: str | None = None
         self.closed = False
@@ -367,10 +379,37 @@ class BroadcastHub:
                 self._drain(c)
             else:
                 self._step_join(c)
+        remote = self.remote
+        if remote is not None and remote.overdue():  # (an attach or a join timed out)
+            remote.poll()
         if self._pending or any(not c.ready for c in self.conns.values()):
             self._expire()
+        self._arm()
         self.settle()
         return woke
+
+    def _arm(self) -> None:
+        """Make sure a poll happens at the next handshake deadline, even in a writer
+        nothing else wakes: a thread rings :meth:`wake` then (one at a time)."""
+        dl = [c.deadline for c in self._pending]
+        dl += [c.deadline for c in self.conns.values() if not c.ready]
+        if self.remote is not None:
+            until = self.remote.next_deadline()
+            if until is not None:
+                dl.append(until)
+        if not dl:
+            return
+        when = min(dl)
+        alarm = self._alarm
+        if alarm is not None and when >= alarm > time.monotonic():
+            return  # (a thread will ring at or before then)
+        self._alarm = when
+        threading.Thread(
+            target=_ring_at,
+            args=(self._wake_w, when, self._closing),  # (not the hub: it may be collected)
+            name="ringwire-broadcast-deadline",
+            daemon=True,
+        ).start()
 
     def settle(self) -> None:
         """Retire the readers found faulty (a head out of the ring, a release of a slot
@@ -742,6 +781,7 @@ class BroadcastHub:
         if self.closed:
             return
         self.closed = True
+        self._closing.set()
         if self.failed is None:
             self.writer.close()
         for c in [*self.conns.values(), *self._pending]:

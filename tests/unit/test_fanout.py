@@ -463,3 +463,17 @@ def test_batches_and_loans_reach_remote_readers(bpath: str) -> None:
             del a, rec
     t.join(20)
     assert out["got"] == [*(digest(r) for r in sent), "eos"]
+
+
+def test_a_quiet_writer_refuses_a_reader_that_never_joins(bpath: str) -> None:
+    """Nothing else happens at the writer: its join deadline alone wakes it."""
+    with ringwire.broadcast_sync(
+        bpath, readers=2, slots=None, tcp=LOOPBACK, handshake_timeout=0.5
+    ) as bc:
+        t = raw_client(bc.tcp_address)  # attached, and then silent
+        try:
+            assert raw_next(t, timeout=5) is None  # hung up on, untouched by the test...
+            assert "did not join within 0.5 s" in (t.peer_reason or "")
+        finally:
+            t.close()
+        assert bc.statistics().refused == 1
