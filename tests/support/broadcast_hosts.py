@@ -71,8 +71,8 @@ def writer(cfg: dict[str, Any]) -> None:
     says ``url``; waits for ``wait`` readers (``ready``: their ranks and hosts); sends
     ``steps`` steps ``pace`` s apart -- with ``until_lost``, as many as it takes to lose
     a reader and then ``after_loss`` more -- saying ``lost`` when a reader is lost;
-    then ``sent_all`` and closes (the readers get ``EndOfStream``).  A send that fails
-    says ``broken``."""
+    then ``sent_all`` (with ``slowest``: the longest a send took) and closes (the
+    readers get ``EndOfStream``).  A send that fails says ``broken``."""
     keys = None
     if cfg.get("keys"):
         keys = ringwire.ServerKeys(secret=cfg["keys"][0], clients=cfg["keys"][1])
@@ -98,6 +98,7 @@ def writer(cfg: dict[str, Any]) -> None:
         )
         lost = i = 0
         lost_at: int | None = None
+        slowest = 0.0  # the longest a send took
         deadline = time.monotonic() + cfg.get("limit", 40.0)
         try:
             while True:
@@ -110,7 +111,9 @@ def writer(cfg: dict[str, Any]) -> None:
                 elif time.monotonic() > deadline:
                     say(no_loss=i)
                     break
+                t = time.monotonic()
                 bc.send(step(i, every), timeout=30)
+                slowest = max(slowest, time.monotonic() - t)
                 i += 1
                 st = bc.statistics()
                 if st.lost > lost:
@@ -128,7 +131,8 @@ def writer(cfg: dict[str, Any]) -> None:
             time.sleep(0.01)
         st = bc.statistics()
         say(sent_all=i, lost=st.lost, left=st.left, refused=st.refused, readers=st.readers,
-            remote=st.remote_readers, slots_in_use=st.slots_in_use)  # fmt: skip
+            remote=st.remote_readers, slots_in_use=st.slots_in_use,
+            slowest=slowest)  # fmt: skip
 
 
 def reader(cfg: dict[str, Any]) -> None:
