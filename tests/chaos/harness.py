@@ -997,7 +997,6 @@ async def remote_broadcast_round(
     the writer held before the victim came); no ``/dev/shm`` name of the victim is
     left (:meth:`Harness.finish`) and no child is left a zombie."""
     r.victim = "remote broadcast reader"
-    sync = r.survivor == "sync"
     path = h.tmp / f"rbc{v.pid}.sock"
     hold = 1 << 30 if mode == "hold" else rng.choice([0, 0, 3])
     cfg = h.victim_cfg(rng, "broadcast_reader", r.survivor, hold=hold, mid_stream=True)
@@ -1012,6 +1011,31 @@ async def remote_broadcast_round(
     # process: made before the count
     net_transport.context().socket(net_transport.zmq.PAIR).close(0)
     before_bc = writer_fds()
+    local = await h.victims.get()
+    try:
+        await _remote_broadcast_round(h, v, r, rng, mode, local, cfg, local_cfg, before_bc)
+    finally:
+        await local.dispose()
+    await v.reap()
+    assert not zombies(), f"{r.scenario}: zombie children {zombies()}"
+
+
+async def _remote_broadcast_round(
+    h: Harness,
+    v: Victim,
+    r: Round,
+    rng: random.Random,
+    mode: str,
+    local: Victim,
+    cfg: dict[str, Any],
+    local_cfg: dict[str, Any],
+    before_bc: Counter[str],
+) -> None:
+    """:func:`remote_broadcast_round` once it has its local reader (disposed of by
+    the caller, whatever happens here)."""
+    sync = r.survivor == "sync"
+    salt = cfg["salt"]
+    path = local_cfg["path"]
     make = ringwire.broadcast_sync if sync else ringwire.broadcast
     bc: Any = make(
         path,
@@ -1024,7 +1048,6 @@ async def remote_broadcast_round(
         tcp="tcp://127.0.0.1:0",
     )
     cfg["path"] = bc.tcp_address
-    local = await h.victims.get()
     sent, stop, failed = 0, False, []
 
     async def call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -1065,97 +1088,92 @@ async def remote_broadcast_round(
             fan.poll()
         bc.poll_readers()  # (the hub settles what the fanout reported)
 
-    try:
-        async with contextlib.AsyncExitStack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
+        if sync:
+            stack.callback(bc.close)
+        else:
+            await stack.enter_async_context(bc)
+        await local.begin(local_cfg)
+        with anyio.fail_after(20):
             if sync:
-                stack.callback(bc.close)
+                await anyio.to_thread.run_sync(bc.wait_ready, 1, 20.0)
             else:
-                await stack.enter_async_context(bc)
-            await local.begin(local_cfg)
-            with anyio.fail_after(20):
-                if sync:
-                    await anyio.to_thread.run_sync(bc.wait_ready, 1, 20.0)
+                await bc.wait_ready(1)
+        baseline = writer_fds()
+        with anyio.fail_after(HANG_S * 4):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                await v.begin(cfg)
+                if mode == "join":
+                    await _killer(v, rng.uniform(0, 0.15), "connecting")
+                elif mode == "hold":
+                    await _killer(v, rng.uniform(0, 0.02), "holding")
                 else:
-                    await bc.wait_ready(1)
-            baseline = writer_fds()
-            with anyio.fail_after(HANG_S * 4):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(produce)
-                    await v.begin(cfg)
-                    if mode == "join":
-                        await _killer(v, rng.uniform(0, 0.15), "connecting")
-                    elif mode == "hold":
-                        await _killer(v, rng.uniform(0, 0.02), "holding")
-                    else:
-                        await _killer(v, rng.uniform(0.002, 0.1), "reading")
-                    assert v.killed_at is not None
-                    # the writer forgets it: lost once admitted, else its attach or join
-                    # given up (at most handshake_timeout later)
-                    while True:
-                        stats = await call(bc.statistics)
-                        if stats.lost or (stats.joined == 1 and await call(remote_gone)):
-                            break
-                        if NUDGE_OVERDUE_ATTACH and overdue():
-                            nudged = True
-                            await call(nudge)
-                        await anyio.sleep(0.0005)
-                    if stats.lost:  # admitted, then lost
-                        r.latencies["noticed"] = time.perf_counter() - v.killed_at
-                    await anyio.sleep(rng.uniform(0.005, 0.03))  # the writer goes on
-                    stop = True
-            assert not failed, f"{r.scenario}: a send failed under policy 'drop': {failed}"
-            # the dead reader's connection is closed: no descriptor or socket of it left
-            deadline = time.monotonic() + net_transport.GRACE + 2.0
-            while True:
-                net_transport.reap()
-                now = writer_fds()
-                if (now - baseline).total() == 0 and await call(remote_gone):
-                    break
-                assert time.monotonic() < deadline, (
-                    f"{r.scenario}: the writer holds {dict(now - baseline)} more than before "
-                    "the remote reader came"
-                )
-                await anyio.sleep(0.02)
-            stats = await call(bc.statistics)
-            assert stats.readers == 1 and stats.remote_readers == 0, stats
-            # admitted (it joined): lost; else its attach or join was given up (refused:
-            # a handshake or join the writer saw fail) or never made
-            r.outcome = "remote: " + (
-                "admitted" if stats.joined == 2 else "refused" if stats.refused else "gone"
-            )
-            if nudged:
-                r.outcome += ", its attach overdue (stepped by the round)"
-            assert stats.lost == stats.joined - 1 and stats.left == 0, stats
-            # every slot back once the local reader let go (the dead one's shares given up)
-            with anyio.fail_after(HANG_S):
-                while (await call(bc.statistics)).slots_in_use:
-                    await anyio.sleep(0.002)
-            stats = await call(bc.statistics)
-            assert stats.slots_free == FULL_POOL, stats.slots_free
-        # closed: the local reader got every step, in order (it checked each), then the end
-        with anyio.fail_after(HANG_S):
-            while True:
-                text = await local.line()
-                assert text is not None, f"{r.scenario}: the local reader ended: {local.log}"
-                assert not local.errors, f"{r.scenario}: the local reader: {local.errors}"
-                if text.startswith("done "):
-                    break
-        got = json.loads(text[5:])["n"]
-        assert got == sent, f"{r.scenario}: the local reader got {got} of {sent} steps"
-        assert await local.reap() == 0, local.log[-5:]
-        r.records = sent
-        # nothing of the broadcast left: its listening socket and everything else closed
+                    await _killer(v, rng.uniform(0.002, 0.1), "reading")
+                assert v.killed_at is not None
+                # the writer forgets it: lost once admitted, else its attach or join
+                # given up (at most handshake_timeout later)
+                while True:
+                    stats = await call(bc.statistics)
+                    if stats.lost or (stats.joined == 1 and await call(remote_gone)):
+                        break
+                    if NUDGE_OVERDUE_ATTACH and overdue():
+                        nudged = True
+                        await call(nudge)
+                    await anyio.sleep(0.0005)
+                if stats.lost:  # admitted, then lost
+                    r.latencies["noticed"] = time.perf_counter() - v.killed_at
+                await anyio.sleep(rng.uniform(0.005, 0.03))  # the writer goes on
+                stop = True
+        assert not failed, f"{r.scenario}: a send failed under policy 'drop': {failed}"
+        # the dead reader's connection is closed: no descriptor or socket of it left
         deadline = time.monotonic() + net_transport.GRACE + 2.0
-        while (writer_fds() - before_bc).total():
+        while True:
             net_transport.reap()
+            now = writer_fds()
+            if (now - baseline).total() == 0 and await call(remote_gone):
+                break
             assert time.monotonic() < deadline, (
-                f"{r.scenario}: {dict(writer_fds() - before_bc)} left after the broadcast closed"
+                f"{r.scenario}: the writer holds {dict(now - baseline)} more than before "
+                "the remote reader came"
             )
             await anyio.sleep(0.02)
-    finally:
-        await local.dispose()
-    await v.reap()
-    assert not zombies(), f"{r.scenario}: zombie children {zombies()}"
+        stats = await call(bc.statistics)
+        assert stats.readers == 1 and stats.remote_readers == 0, stats
+        # admitted (it joined): lost; else its attach or join was given up (refused:
+        # a handshake or join the writer saw fail) or never made
+        r.outcome = "remote: " + (
+            "admitted" if stats.joined == 2 else "refused" if stats.refused else "gone"
+        )
+        if nudged:
+            r.outcome += ", its attach overdue (stepped by the round)"
+        assert stats.lost == stats.joined - 1 and stats.left == 0, stats
+        # every slot back once the local reader let go (the dead one's shares given up)
+        with anyio.fail_after(HANG_S):
+            while (await call(bc.statistics)).slots_in_use:
+                await anyio.sleep(0.002)
+        stats = await call(bc.statistics)
+        assert stats.slots_free == FULL_POOL, stats.slots_free
+    # closed: the local reader got every step, in order (it checked each), then the end
+    with anyio.fail_after(HANG_S):
+        while True:
+            text = await local.line()
+            assert text is not None, f"{r.scenario}: the local reader ended: {local.log}"
+            assert not local.errors, f"{r.scenario}: the local reader: {local.errors}"
+            if text.startswith("done "):
+                break
+    got = json.loads(text[5:])["n"]
+    assert got == sent, f"{r.scenario}: the local reader got {got} of {sent} steps"
+    assert await local.reap() == 0, local.log[-5:]
+    r.records = sent
+    # nothing of the broadcast left: its listening socket and everything else closed
+    deadline = time.monotonic() + net_transport.GRACE + 2.0
+    while (writer_fds() - before_bc).total():
+        net_transport.reap()
+        assert time.monotonic() < deadline, (
+            f"{r.scenario}: {dict(writer_fds() - before_bc)} left after the broadcast closed"
+        )
+        await anyio.sleep(0.02)
 
 
 # -- calls: the victim serves them, or makes them ----------------------------------------------
