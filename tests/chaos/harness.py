@@ -30,6 +30,14 @@ cancelled.  (A server holding ``concurrency + max_queued`` calls has stopped rea
 checks its client every ``callcore.POLL_PEER_S`` = 250 ms: that round's bound is 100 ms beyond
 the poll.)
 
+Broadcast readers on "another host" (``tcp://127.0.0.1``, :func:`remote_broadcast_round`):
+one killed while it streams, while it holds slots, or during its handshake and join,
+beside a local reader that is not killed -- the writer (policy "drop") goes on, the
+local reader gets every step in order, the dead reader's slot shares come back, and
+the descriptors and TCP sockets its connection took on the writer's side are closed.
+(These run in the shared-memory runs: the scenario is the writer's, whatever the
+transport of the other rounds.)
+
 The runtime's chaos (:func:`runtime_chaos`) kills ``ringwire.runtime`` workers, whose
 entry point ``chaos.workers:chaos_echo`` the spawned workers import by name (tests/ is
 on sys.path, and spawn passes sys.path on).
@@ -928,6 +936,246 @@ async def broadcast_round(h: Harness, v: Victim, r: Round, rng: random.Random, m
         r.records = sent
 
 
+# -- the victim reads a broadcast from "another host" (tcp://127.0.0.1) ----------------------
+
+
+def writer_fds() -> Counter[str]:
+    """This process's descriptors that a remote reader's connection takes on the
+    writer's side: TCP sockets (ZeroMQ's, in its I/O thread), eventfds (a ZeroMQ
+    socket's mailbox, a transport's wake-up) and epoll instances.  (Pipes, Unix sockets
+    and pidfds are left out: the spare victims start beside the round.)"""
+    tcp = {int(row[9]) for row in _proc_net_tcp()}
+    out: Counter[str] = Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in tcp:
+            out["tcp"] += 1
+        elif link in ("anon_inode:[eventfd]", "anon_inode:[eventpoll]"):
+            out[link[11:-1]] += 1
+    return out
+
+
+def zombies() -> list[int]:
+    """Children of this process that died and were not reaped."""
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if int(fields[1]) == me and fields[0] == b"Z":
+            out.append(int(entry))
+    return out
+
+
+# tests/chaos/test_chaos.py::test_a_remote_reader_killed_after_its_hello_is_given_up
+# (xfail): a writer does not give up by itself the attach of a remote reader killed
+# between its hello and its attach (nothing wakes it at the attach's deadline).  Until it
+# does, the round steps the writer's remote side itself once such an attach is overdue,
+# and says so in the outcome.  Set this to False when that test passes.
+NUDGE_OVERDUE_ATTACH = True
+
+
+async def remote_broadcast_round(
+    h: Harness, v: Victim, r: Round, rng: random.Random, mode: str
+) -> None:
+    """Kill a broadcast reader on "another host" (``tcp://127.0.0.1``) beside a local
+    one (a second worker, subscribed at the Unix path, not killed): while it streams,
+    while it holds slots, or during its handshake and join (``join``: before it
+    connected, in ZeroMQ's handshake, between its Join and the answer, or just
+    admitted).  Policy "drop": the writer never fails; the local reader gets every
+    step in order (it checks them) up to the end; the writer notices the death
+    (within DETECT_S of it, once it was admitted), gives up the dead reader's slot
+    shares, and its connection's descriptors and TCP sockets are closed (back to what
+    the writer held before the victim came); no ``/dev/shm`` name of the victim is
+    left (:meth:`Harness.finish`) and no child is left a zombie."""
+    r.victim = "remote broadcast reader"
+    path = h.tmp / f"rbc{v.pid}.sock"
+    hold = 1 << 30 if mode == "hold" else rng.choice([0, 0, 3])
+    cfg = h.victim_cfg(rng, "broadcast_reader", r.survivor, hold=hold, mid_stream=True)
+    if mode == "join":
+        # without the NIXL agent its handshake (which makes one, ~0.5 s of UCX set-up)
+        # takes milliseconds: the kill lands before, in or after it
+        cfg["nixl"] = False
+    cfg["holding_at"] = rng.randint(1, 4)
+    salt = cfg["salt"]
+    local_cfg = h.victim_cfg(rng, "broadcast_reader", r.survivor, path=str(path), salt=salt)
+    # ZeroMQ's context and its threads (their eventfds and epolls) live as long as this
+    # process: made before the count
+    net_transport.context().socket(net_transport.zmq.PAIR).close(0)
+    before_bc = writer_fds()
+    local = await h.victims.get()
+    try:
+        await _remote_broadcast_round(h, v, r, rng, mode, local, cfg, local_cfg, before_bc)
+    finally:
+        await local.dispose()
+    await v.reap()
+    assert not zombies(), f"{r.scenario}: zombie children {zombies()}"
+
+
+async def _remote_broadcast_round(
+    h: Harness,
+    v: Victim,
+    r: Round,
+    rng: random.Random,
+    mode: str,
+    local: Victim,
+    cfg: dict[str, Any],
+    local_cfg: dict[str, Any],
+    before_bc: Counter[str],
+) -> None:
+    """:func:`remote_broadcast_round` once it has its local reader (disposed of by
+    the caller, whatever happens here)."""
+    sync = r.survivor == "sync"
+    salt = cfg["salt"]
+    path = local_cfg["path"]
+    make = ringwire.broadcast_sync if sync else ringwire.broadcast
+    bc: Any = make(
+        path,
+        readers=3,
+        capacity=cfg["capacity"],
+        slots=CHAOS_SLOTS,
+        on_reader_loss="drop",
+        stall_timeout=HANG_S,
+        handshake_timeout=1.0,  # an attach the victim never finished is given up soon
+        tcp="tcp://127.0.0.1:0",
+    )
+    cfg["path"] = bc.tcp_address
+    sent, stop, failed = 0, False, []
+
+    async def call(fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args) if sync else fn(*args)
+
+    async def send(rec: Any) -> None:
+        if sync:
+            await anyio.to_thread.run_sync(bc.send, rec, HANG_S)
+        else:
+            await bc.send(rec)
+
+    async def produce() -> None:
+        nonlocal sent
+        try:
+            while not stop:
+                await send(make_record(sent, salt))
+                sent += 1
+                if mode == "join" or sent % 8 == 0:
+                    await anyio.sleep(rng.uniform(0, 0.002))
+        except BrokenResourceError as exc:
+            failed.append(exc)
+
+    fan = bc._core.hub.remote
+    nudged = False
+
+    def remote_gone() -> bool:
+        return not fan._by_fd and fan.acceptor.next_deadline() is None
+
+    def overdue() -> bool:
+        until = fan.acceptor.next_deadline()
+        return until is not None and time.monotonic() > until + 0.25
+
+    def nudge() -> None:  # (see NUDGE_OVERDUE_ATTACH)
+        if sync:
+            with bc._send_lock:
+                fan.poll()
+        else:
+            fan.poll()
+        bc.poll_readers()  # (the hub settles what the fanout reported)
+
+    async with contextlib.AsyncExitStack() as stack:
+        if sync:
+            stack.callback(bc.close)
+        else:
+            await stack.enter_async_context(bc)
+        await local.begin(local_cfg)
+        with anyio.fail_after(20):
+            if sync:
+                await anyio.to_thread.run_sync(bc.wait_ready, 1, 20.0)
+            else:
+                await bc.wait_ready(1)
+        baseline = writer_fds()
+        with anyio.fail_after(HANG_S * 4):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                await v.begin(cfg)
+                if mode == "join":
+                    await _killer(v, rng.uniform(0, 0.15), "connecting")
+                elif mode == "hold":
+                    await _killer(v, rng.uniform(0, 0.02), "holding")
+                else:
+                    await _killer(v, rng.uniform(0.002, 0.1), "reading")
+                assert v.killed_at is not None
+                # the writer forgets it: lost once admitted, else its attach or join
+                # given up (at most handshake_timeout later)
+                while True:
+                    stats = await call(bc.statistics)
+                    if stats.lost or (stats.joined == 1 and await call(remote_gone)):
+                        break
+                    if NUDGE_OVERDUE_ATTACH and overdue():
+                        nudged = True
+                        await call(nudge)
+                    await anyio.sleep(0.0005)
+                if stats.lost:  # admitted, then lost
+                    r.latencies["noticed"] = time.perf_counter() - v.killed_at
+                await anyio.sleep(rng.uniform(0.005, 0.03))  # the writer goes on
+                stop = True
+        assert not failed, f"{r.scenario}: a send failed under policy 'drop': {failed}"
+        # the dead reader's connection is closed: no descriptor or socket of it left
+        deadline = time.monotonic() + net_transport.GRACE + 2.0
+        while True:
+            net_transport.reap()
+            now = writer_fds()
+            if (now - baseline).total() == 0 and await call(remote_gone):
+                break
+            assert time.monotonic() < deadline, (
+                f"{r.scenario}: the writer holds {dict(now - baseline)} more than before "
+                "the remote reader came"
+            )
+            await anyio.sleep(0.02)
+        stats = await call(bc.statistics)
+        assert stats.readers == 1 and stats.remote_readers == 0, stats
+        # admitted (it joined): lost; else its attach or join was given up (refused:
+        # a handshake or join the writer saw fail) or never made
+        r.outcome = "remote: " + (
+            "admitted" if stats.joined == 2 else "refused" if stats.refused else "gone"
+        )
+        if nudged:
+            r.outcome += ", its attach overdue (stepped by the round)"
+        assert stats.lost == stats.joined - 1 and stats.left == 0, stats
+        # every slot back once the local reader let go (the dead one's shares given up)
+        with anyio.fail_after(HANG_S):
+            while (await call(bc.statistics)).slots_in_use:
+                await anyio.sleep(0.002)
+        stats = await call(bc.statistics)
+        assert stats.slots_free == FULL_POOL, stats.slots_free
+    # closed: the local reader got every step, in order (it checked each), then the end
+    with anyio.fail_after(HANG_S):
+        while True:
+            text = await local.line()
+            assert text is not None, f"{r.scenario}: the local reader ended: {local.log}"
+            assert not local.errors, f"{r.scenario}: the local reader: {local.errors}"
+            if text.startswith("done "):
+                break
+    got = json.loads(text[5:])["n"]
+    assert got == sent, f"{r.scenario}: the local reader got {got} of {sent} steps"
+    assert await local.reap() == 0, local.log[-5:]
+    r.records = sent
+    # nothing of the broadcast left: its listening socket and everything else closed
+    deadline = time.monotonic() + net_transport.GRACE + 2.0
+    while (writer_fds() - before_bc).total():
+        net_transport.reap()
+        assert time.monotonic() < deadline, (
+            f"{r.scenario}: {dict(writer_fds() - before_bc)} left after the broadcast closed"
+        )
+        await anyio.sleep(0.02)
+
+
 # -- calls: the victim serves them, or makes them ----------------------------------------------
 
 
@@ -1119,6 +1367,9 @@ SCENARIOS: dict[str, tuple[Callable[..., Awaitable[None]], str]] = {
     "broadcast-reader/slow": (broadcast_round, "slow"),
     "broadcast-reader/holding-slots": (broadcast_round, "hold"),
     "broadcast-reader/policy-fail": (broadcast_round, "fail"),
+    "remote-broadcast-reader/stream": (remote_broadcast_round, "stream"),
+    "remote-broadcast-reader/holding-slots": (remote_broadcast_round, "hold"),
+    "remote-broadcast-reader/joining": (remote_broadcast_round, "join"),
     "consumer/stream": (consumer_round, "stream"),
     "consumer/slow": (consumer_round, "slow"),
     "consumer/holding-slots": (consumer_round, "hold"),
@@ -1203,6 +1454,8 @@ async def chaos(tmp: Path, backend: str, kills: int, seed: int, transport: str =
     survivors = ["asyncio", "sync"] if backend == "asyncio" else ["trio"]
     only = os.environ.get("RINGWIRE_CHAOS_ONLY")  # e.g. "consumer/parked,producer/slow"
     names = only.split(",") if only else list(SCENARIOS if transport == "shm" else TCP_SCENARIOS)
+    if net_transport is None:  # no pyzmq: no remote broadcast readers
+        names = [name for name in names if not name.startswith("remote-")]
     if transport == "tcp":
         # an attach a killed client never made is given up after 1 s (and checked below)
         where: dict[str, Any] = {"handshake_timeout": 1.0}

@@ -1,5 +1,5 @@
-"""Chaos: kill -9 producers, consumers, listeners, broadcast readers, call servers and
-clients, and runtime workers at random moments;
+"""Chaos: kill -9 producers, consumers, listeners, broadcast readers (local, and remote
+over TCP), call servers and clients, and runtime workers at random moments;
 SIGSTOP/SIGCONT a peer; fill /dev/shm.
 
 The kill rounds (victims, survivors, scenarios, the checks after each kill) are the
@@ -483,8 +483,6 @@ SHM_FULL_SCRIPT = textwrap.dedent(
 )
 
 
-
-
 def test_dev_shm_full_clear_errors_no_sigbus_and_recovery(tmp_path: Path) -> None:
     """In a private mount namespace with a 16 MiB tmpfs on /dev/shm: a live connection
     keeps working when it fills up (its memory was reserved), new connections fail with
@@ -931,3 +929,78 @@ def test_chaos_kills_give_the_memory_back(tmp_path: Path) -> None:
 
 def random_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
+
+
+# ======================================================================================
+# a remote broadcast reader killed in its handshake (see harness.remote_broadcast_round)
+# ======================================================================================
+
+# The client's half of a remote subscription, up to the listener's Welcome: its hello
+# went out, the writer bound a port for its attach; then it waits to be killed.
+_HELLO_ONLY = """
+import sys, time
+from ringwire._conn.subscriber import _remote_start
+gen = _remote_start(sys.argv[1], None, 0.0, 10.0, False, None, 3.0, 8192)
+dealer, until = next(gen)  # the hello is sent
+dealer.poll(10000)  # the welcome (the port for its attach) has come
+print("welcomed", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "bug: a remote reader that dies between its hello and its attach leaves its "
+        "attach pending on the writer past handshake_timeout -- nothing wakes the hub "
+        "at NetAcceptor.next_deadline() (BroadcastHub.poll steps the Fanout only when "
+        "its descriptor is readable; the watchers wait with no timeout), so the port "
+        "bound for it (a listening TCP socket, a ZeroMQ PAIR socket and its monitor) "
+        "stays until some other remote reader's traffic, and MAX_PENDING such clients "
+        "make the writer refuse every remote reader"
+    ),
+)
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
+def test_a_remote_reader_killed_after_its_hello_is_given_up(api: str) -> None:
+    """A quiet writer (one local reader, nothing sent) gives up the attach of a
+    remote reader killed after its hello within ``handshake_timeout``: no attach in
+    progress, no TCP socket of it left."""
+    pytest.importorskip("zmq")
+    from chaos.harness import tcp_sockets
+
+    path = os.path.join(os.environ["TMPDIR"], f"hello{os.getpid()}.sock")
+
+    def check(bc: Any, poll: Any) -> None:
+        acceptor = bc._core.hub.remote.acceptor
+        base = tcp_sockets()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _HELLO_ONLY, bc.tcp_address], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "welcomed"
+            assert acceptor.next_deadline() is not None and tcp_sockets() > base
+        finally:
+            proc.kill()
+            proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+        deadline = time.monotonic() + 1.0 + 2.0  # handshake_timeout, and a margin
+        while acceptor.next_deadline() is not None and time.monotonic() < deadline:
+            poll()
+        assert acceptor.next_deadline() is None, "the dead reader's attach is still pending"
+        assert tcp_sockets() <= base, (tcp_sockets(), base)
+
+    kw: dict[str, Any] = dict(
+        readers=2, capacity=8192, slots=None, handshake_timeout=1.0, tcp="tcp://127.0.0.1:0"
+    )
+    if api == "sync":
+        with ringwire.broadcast_sync(path, **kw) as bc:
+            check(bc, lambda: time.sleep(0.05))
+        return
+
+    async def main() -> None:
+        async with ringwire.broadcast(path, **kw) as bc:
+            await anyio.to_thread.run_sync(check, bc, lambda: time.sleep(0.05))
+
+    anyio.run(main)

@@ -23,7 +23,7 @@ zmq = pytest.importorskip("zmq")
 pytest.importorskip("zmq.auth")  # (zmq.auth as an attribute)
 
 # the two-namespace fixture (root and ip needed: skipped otherwise, with the reason)
-from process.test_net_hosts import ADDR_A, ADDR_B, Hosts, hosts  # noqa: E402, F401
+from support.netns_hosts import ADDR_A, ADDR_B, Hosts, hosts_fixture  # noqa: E402, F401
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.anyio]
 

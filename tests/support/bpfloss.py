@@ -5,10 +5,17 @@ the ``clsact`` qdisc.  :func:`lossy_link` loads, through the ``bpf(2)`` system c
 a ``BPF_PROG_TYPE_SCHED_CLS`` program that drops a packet with probability
 ``percent`` / 100 (``bpf_get_prandom_u32() % 100 < percent``: ``TC_ACT_SHOT``, else
 ``TC_ACT_OK``), pins it in a private ``bpf`` file system mounted for the purpose, and
-attaches it with ``tc filter add dev DEV egress bpf da object-pinned PATH`` in each
+attaches it with ``tc filter add dev DEV ingress bpf da object-pinned PATH`` in each
 given namespace.  It adds no delay (that needs netem).  Everything it made -- the
 mount, the pinned program, the descriptors -- is removed when the context ends; the
 filters go with their namespaces (or are deleted here when they are not).
+
+Ingress, not egress: a packet the clsact *egress* hook drops is a local drop
+(``NET_XMIT_DROP``) that the sending TCP sees at once and simply sends again, not
+counted as a retransmission -- no loss on the wire at all.  Dropped where it arrives,
+after it crossed the link, it is lost as on a real network: the sender finds out from
+duplicate ACKs or its retransmission timer (netem's loss, on the sender's qdisc, also
+looks like success to TCP).
 
 :class:`Unavailable` (a skip reason) when the kernel, the permissions or ``tc`` do
 not allow it.
@@ -109,8 +116,8 @@ def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 @contextmanager
 def lossy_link(percent: int, links: Sequence[tuple[str, str]]) -> Iterator[None]:
-    """Drop ``percent`` % of the packets each ``(namespace, device)`` sends, at random,
-    while the context lasts."""
+    """Drop ``percent`` % of the packets each ``(namespace, device)`` receives, at
+    random, while the context lasts (both ends of a link given: loss both ways)."""
     if shutil.which("tc") is None:
         raise Unavailable("needs the tc command (iproute2)")
     root = tempfile.mkdtemp(prefix="rwbpf-")
@@ -123,12 +130,12 @@ def lossy_link(percent: int, links: Sequence[tuple[str, str]]) -> Iterator[None]
             raise Unavailable(f"cannot mount a bpf file system: {r.stderr.strip()}")
         mounted = True
         fd = _load(percent)
-        pinned = os.path.join(root, "drop")
-        _pin(fd, pinned)
+        pin = os.path.join(root, "drop")
+        _pin(fd, pin)
         for ns, dev in links:
             steps = [
                 ("tc", "qdisc", "add", "dev", dev, "clsact"),
-                ("tc", "filter", "add", "dev", dev, "egress", "bpf", "da", "object-pinned", pinned),
+                ("tc", "filter", "add", "dev", dev, "ingress", "bpf", "da", "object-pinned", pin),
             ]
             for step in steps:
                 r = _run("ip", "netns", "exec", ns, *step)
