@@ -108,6 +108,7 @@ def connect_transport(
     timeout: float,
     keys: Any = None,
     max_message: int | None = None,
+    offer_nixl: bool = True,
 ) -> tuple[Any, Any]:
     """The handshake generator for a client of ``url``, after checking and resolving
     the address (``ValueError`` / ``OSError`` naming it); ``keys`` a
@@ -124,6 +125,7 @@ def connect_transport(
         deadline=time.monotonic() + timeout,
         keys=keys,
         max_message=max_message,
+        offer_nixl=offer_nixl,
     )
     return hs, gen
 

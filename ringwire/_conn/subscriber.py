@@ -333,6 +333,7 @@ def _remote_start(
         timeout=handshake_timeout,
         keys=keys,
         max_message=-1,  # arrays of any size come from the writer's slots and arena
+        offer_nixl=False,  # (a broadcast's arrays come as frames)
     )
     return gen
 

@@ -299,12 +299,10 @@ class Fanout:
                 self._forget(rr)
                 self.hub.retire_remote(rr, "left", False)
             elif t.peer_reason is not None:
-                self._lose(rr, f"dropped the broadcast: {t.peer_reason}")
+                self._lose(rr, f"dropped the broadcast: {t.peer_reason}", gone=True)
             else:
-                self._lose(
-                    rr,
-                    "lost its connection (the process died, or the network failed: no heartbeat)",
-                )
+                why = "lost its connection (the process died, or the network failed: no heartbeat)"
+                self._lose(rr, why, gone=True)
 
     def _step_join(self, rr: RemoteReader, gone: bool, now: float) -> None:
         t = rr.t
@@ -350,16 +348,20 @@ class Fanout:
         rr.t.abort(reason[:1000])
         self._forget(rr)
 
-    def _lose(self, rr: RemoteReader, why: str) -> None:
+    def _lose(self, rr: RemoteReader, why: str, *, gone: bool = False) -> None:
+        """``rr`` is lost: told ``why`` (unless ``gone``: then what is queued for it is
+        dropped at once, nobody reads it), closed, reported."""
         if rr.rank < 0:
             self._refuse(rr, why)
             return
-        rr.t.abort(why[:1000])
-        self._forget(rr)
+        if not gone:
+            rr.t.abort(why[:1000])
+        self._forget(rr, discard=gone)
         self.hub.retire_remote(rr, why, True)
 
-    def _forget(self, rr: RemoteReader) -> None:
-        """Close ``rr``'s connection and stop watching it."""
+    def _forget(self, rr: RemoteReader, *, discard: bool = False) -> None:
+        """Close ``rr``'s connection (``discard``: dropping what is queued) and stop
+        watching it."""
         fd = rr.t.fileno()
         self._by_fd.pop(fd, None)
         self._joining.pop(fd, None)
@@ -369,7 +371,7 @@ class Fanout:
             self._ep.unregister(fd)
         except (OSError, ValueError):
             pass
-        rr.t.close()
+        rr.t.close(discard=discard)
 
     def drop(self, rank: int, why: str) -> RemoteReader | None:
         """The writer drops ``rank``: tell it ``why``, close; the reader, or ``None``."""

@@ -255,6 +255,7 @@ def client_handshake(
     deadline: float,
     keys: ClientKeys | None = None,
     max_message: int | None = None,
+    offer_nixl: bool = True,
 ) -> Handshake:
     """Connect to the listener at ``addr`` (resolved); see the module docstring.
     Raises ``ConnectionRefusedError`` / ``TimeoutError`` naming ``url``,
@@ -304,7 +305,7 @@ def client_handshake(
             _budget(slots),
             os.getpid(),
             socket.gethostname(),
-            nixl.offer(),
+            nixl.offer() if offer_nixl else "",  # (False: no agent is made)
         )
         _send_now(dealer, [encode_rendezvous(hello)])
         while not _recv_ready(dealer):

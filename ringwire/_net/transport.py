@@ -86,7 +86,7 @@ from .._errors import FrameTooLarge, ProtocolError
 from .._wire.control import PROTOCOL_VERSION
 from .._wire.net_control import MAX_REASON, check_credit, parse_control
 from .status import open_slot
-from .zmqlife import GONE_EVENTS, HANDSHAKE_FAILED, retire
+from .zmqlife import GONE_EVENTS, HANDSHAKE_FAILED, close_monitored, retire
 
 __all__ = ["DEFAULT_HEARTBEAT", "NetReader", "NetTransport", "NetWriter"]
 
@@ -703,7 +703,9 @@ class NetTransport:
         self.gone = True
         self._ring_self()
 
-    def close(self) -> None:
+    def close(self, *, discard: bool = False) -> None:
+        """Close; what is still queued is flushed for a while (:func:`.zmqlife.retire`),
+        or with ``discard`` (a peer known dead or hostile) dropped at once."""
         if self._closed:
             return
         self.shutdown()
@@ -711,7 +713,10 @@ class NetTransport:
             self._closed = True
             self.rx.release()
             self.status.close()
-            retire(self._sock, self._mon, peer_left=self._peer_left)
+            if discard:
+                close_monitored(self._sock, self._mon, 0)
+            else:
+                retire(self._sock, self._mon, peer_left=self._peer_left)
             self._ep.close()
             self._efd = -1
             self._wake_r.close()

@@ -62,8 +62,9 @@ def _at_exit(ctx: zmq.Context[Any], pid: int) -> None:
 
 
 def configure(sock: zmq.Socket[Any], heartbeat: float, max_message: int) -> None:
-    """Options of a connection socket: no reconnection, heartbeats, no high-water mark
-    (ringwire bounds what is in flight itself), a largest message."""
+    """Options of a connection socket: no reconnection, heartbeats, a bound on how long
+    sent data may stay unacknowledged, no high-water mark (ringwire bounds what is in
+    flight itself), a largest message."""
     ms = max(100, int(heartbeat * 1000))
     ms -= ms % 100  # HEARTBEAT_TTL counts tenths of a second
     sock.setsockopt(zmq.LINGER, LINGER_MS)
@@ -73,6 +74,11 @@ def configure(sock: zmq.Socket[Any], heartbeat: float, max_message: int) -> None
     sock.setsockopt(zmq.HEARTBEAT_IVL, max(50, ms // 4))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ms)
     sock.setsockopt(zmq.HEARTBEAT_TTL, min(ms, 6553500))
+    # data sent and not acknowledged for two heartbeats ends the connection (Linux's
+    # TCP_USER_TIMEOUT): ZeroMQ sends its heartbeat only between messages, so while a
+    # large message is stuck in a partition the heartbeat alone never fires.  (Twice the
+    # heartbeat: a lossy link's retransmissions back off 0.2, 0.4, 0.8... s.)
+    sock.setsockopt(zmq.TCP_MAXRT, 2 * ms)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message)
 
 

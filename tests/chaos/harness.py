@@ -980,7 +980,7 @@ def zombies() -> list[int]:
 # between its hello and its attach (nothing wakes it at the attach's deadline).  Until it
 # does, the round steps the writer's remote side itself once such an attach is overdue,
 # and says so in the outcome.  Set this to False when that test passes.
-NUDGE_OVERDUE_ATTACH = True
+NUDGE_OVERDUE_ATTACH = False
 
 
 async def remote_broadcast_round(

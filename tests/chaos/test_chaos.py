@@ -948,18 +948,6 @@ time.sleep(60)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: a remote reader that dies between its hello and its attach leaves its "
-        "attach pending on the writer past handshake_timeout -- nothing wakes the hub "
-        "at NetAcceptor.next_deadline() (BroadcastHub.poll steps the Fanout only when "
-        "its descriptor is readable; the watchers wait with no timeout), so the port "
-        "bound for it (a listening TCP socket, a ZeroMQ PAIR socket and its monitor) "
-        "stays until some other remote reader's traffic, and MAX_PENDING such clients "
-        "make the writer refuse every remote reader"
-    ),
-)
 @pytest.mark.parametrize("api", ["sync", "asyncio"])
 def test_a_remote_reader_killed_after_its_hello_is_given_up(api: str) -> None:
     """A quiet writer (one local reader, nothing sent) gives up the attach of a

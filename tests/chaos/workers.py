@@ -393,21 +393,17 @@ async def role_idle(cfg: dict[str, Any]) -> None:
 
 async def role_broadcast_reader(cfg: dict[str, Any]) -> None:
     """Subscribe to the broadcast at ``path`` (a Unix path, or its ``tcp://`` address:
-    a remote reader, whose credit window is ``capacity``) and check every record (from
+    a remote reader) and check every record (from
     0, or -- ``mid_stream``: it joins while the writer sends -- from the first one's
     sequence number on); say ``reading`` after the first; hold the last ``hold``
     records (re-checked when let go), saying ``holding`` once ``holding_at`` slot
-    arrays are held; ``nixl`` False: no NIXL agent (a remote reader's handshake makes
-    one otherwise, though a broadcast never uses it)."""
+    arrays are held."""
     salt, hold = cfg["salt"], cfg.get("hold", 0)
-    if cfg.get("nixl") is False:  # (a remote reader: no NIXL agent made in its handshake)
-        os.environ["RINGWIRE_NIXL"] = "0"
     point("connecting")
     sub = await ringwire.subscribe(
         cfg["path"],
         spin_us=cfg.get("spin_us", 50),
         handshake_timeout=10,
-        capacity=cfg.get("capacity", ringwire.DEFAULT_CAPACITY),
     )
     point("connected", rank=sub.rank)
     held: deque[Any] = deque()

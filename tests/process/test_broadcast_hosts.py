@@ -199,25 +199,9 @@ def test_kill_9_of_the_remote_reader(
 HEARTBEAT = 1.0
 
 
-# A partition while a large array is on its way to the remote reader is not noticed
-# within the heartbeat (the lead's to fix; see the reason).
-_ARRAYS_IN_FLIGHT = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: with a 4 MiB array in flight the writer's ZeroMQ output to the remote reader "
-        "is blocked (TCP send buffer full); ZeroMQ queues its heartbeat PING only between "
-        "messages, so the PING timeout never starts, and the reader's PINGs (TTL) stopped "
-        "with the link: the writer waits for the reader's slots until stall_timeout "
-        "(ReaderStalled), or notices ~8 s later, instead of a loss within the heartbeat. "
-        "ZMQ_TCP_MAXRT (TCP_USER_TIMEOUT) = the heartbeat on connection sockets "
-        "(zmqlife.configure) makes these pass"
-    ),
-)
-
-
 @pytest.mark.parametrize(
     "every",
-    [0, pytest.param(4, marks=_ARRAYS_IN_FLIGHT)],
+    [0, 4],
     ids=["records", "arrays"],
 )
 @pytest.mark.parametrize("how", ["link-down", "loss"])

@@ -186,15 +186,18 @@ def writer_main(path: str, inbox: Any, outbox: Any, n: int, array_bytes: int) ->
 
 def remote_writer_main(path: str, inbox: Any, outbox: Any, n: int, array_bytes: int) -> None:
     """A writer process serving remote readers too: say ``("tcp", address)``, wait for
-    as many readers as ``inbox`` says, send ``n`` records (every tenth with an array),
-    say ``("sent", n)``, then sleep (the test kills it)."""
+    as many readers as ``inbox`` says, send ``n`` records (every tenth and the last with
+    an array), say ``("sent", n)`` once every reader released the last, then sleep (the
+    test kills it)."""
     with ringwire.broadcast_sync(
         path, readers=4, capacity=SMALL * 4, slots=SLOTS, tcp="tcp://127.0.0.1:0"
     ) as bc:
         outbox.put(("tcp", bc.tcp_address))
         bc.wait_ready(int(inbox.get(timeout=30)), timeout=30)
-        for i in range(n):
+        for i in range(n - 1):
             bc.send(step(i, array_bytes if i % 10 == 0 else 0), timeout=30)
+        # the last one tracked: every reader has read them all when it is released
+        bc.send_tracked(step(n - 1, array_bytes), timeout=30).wait(30)
         outbox.put(("sent", n))
         time.sleep(120)
 
