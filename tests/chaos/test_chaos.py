@@ -940,7 +940,7 @@ def random_seed() -> int:
 _HELLO_ONLY = """
 import sys, time
 from ringwire._conn.subscriber import _remote_start
-gen = _remote_start(sys.argv[1], None, 0.0, 10.0, False, None, 3.0, 8192)
+gen = _remote_start(sys.argv[1], None, 0.0, 10.0, False, None, 3.0)
 dealer, until = next(gen)  # the hello is sent
 dealer.poll(10000)  # the welcome (the port for its attach) has come
 print("welcomed", flush=True)
