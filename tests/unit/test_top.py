@@ -1,0 +1,193 @@
+"""``python -m ringwire top``: the pieces, in this process -- counting frames in a ring
+from outside, the rates of a followed ring, the 80-column view (the command against
+live processes is in tests/process/test_top.py)."""
+
+from __future__ import annotations
+
+import io
+import time
+from typing import Any
+
+import pytest
+
+from ringwire import _top
+from ringwire._wire.ring import HEADER_SIZE, RingReader, RingWriter, init_ring, ring_size
+
+CAP = 1024
+
+
+def ring() -> tuple[bytearray, RingWriter, RingReader]:
+    buf = bytearray(ring_size(CAP))
+    init_ring(buf, 0, CAP)
+    return buf, RingWriter(buf), RingReader(buf)
+
+
+def reader_of(buf: bytearray) -> _top.Reader:
+    return lambda off, n: bytes(buf[off : off + n])
+
+
+def tail_of(w: RingWriter) -> int:
+    return int(w.header[8])  # (ring.py's TAIL word)
+
+
+def span(buf: bytearray, start: int, end: int) -> bytes:
+    return _top._read_span(reader_of(buf), HEADER_SIZE, CAP, start, end)
+
+
+def test_count_frames_follows_frames_and_wrap_markers() -> None:
+    buf, w, r = ring()
+    start = 0
+    for sizes in ([1, 2, 3], [100, 200], [300], [5] * 20, [250, 250]) * 2:  # wraps
+        for n in sizes:
+            assert w.try_write(b"x" * n)
+        end = tail_of(w)
+        assert _top.count_frames(span(buf, start, end), start, CAP) == len(sizes)
+        while r.next_frame() is not None:
+            pass
+        r.commit()
+        start = end
+    assert start > 2 * CAP  # the counters went round the ring more than once
+    assert _top.count_frames(b"", 0, CAP) == 0
+
+
+def test_count_frames_refuses_what_is_not_a_chain_of_frames() -> None:
+    buf, w, _ = ring()
+    for n in (10, 20, 30):
+        assert w.try_write(b"y" * n)
+    data = span(buf, 0, tail_of(w))
+    assert _top.count_frames(data, 0, CAP) == 3
+    assert _top.count_frames(data[:-8], 0, CAP) is None  # ends inside a frame
+    assert _top.count_frames(data + bytes(4), 0, CAP) is None  # a torn length
+    bad = bytearray(data)
+    bad[0:4] = (CAP).to_bytes(4, "little")  # longer than the largest payload
+    assert _top.count_frames(bytes(bad), 0, CAP) is None
+    bad[0:4] = (CAP // 2 - 4).to_bytes(4, "little")  # a frame crossing the end of the area
+    assert _top.count_frames(bytes(bad), CAP - 64, CAP) is None
+
+
+def test_a_followed_ring_counts_records_exactly_while_the_reader_lags() -> None:
+    buf, w, r = ring()
+    s = _top._Stream(reader_of(buf), 0, CAP, 0, 0, time.monotonic())
+    for i in range(7):
+        assert w.try_write(b"z" * (i + 1))
+        if i % 3 == 0:
+            s.tick()
+    s.tick()
+    assert (s.records, s.walked, s.unwalked, s.exact) == (7, tail_of(w), 0, True)
+    # the reader consumes past the window before it is counted: still counted, estimated
+    for _ in range(3):
+        assert w.try_write(b"q" * 16)
+    while r.next_frame() is not None:
+        pass
+    r.commit()
+    s.tick()
+    rates = s.rates(s.started + 2.0)
+    assert s.records == 10 and not rates["records_exact"]
+    assert rates["records_per_s"] == 5.0 and rates["bytes_per_s"] == tail_of(w) / 2.0
+
+
+def test_a_window_too_large_to_walk_is_converted_at_the_mean_frame_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    buf, w, _ = ring()
+    s = _top._Stream(reader_of(buf), 0, CAP, 0, 0, time.monotonic())
+    for _ in range(2):
+        assert w.try_write(b"a" * 12)  # 16-byte frames
+    s.tick()
+    monkeypatch.setattr(_top, "MAX_WALK", 32)
+    for _ in range(4):
+        assert w.try_write(b"a" * 12)
+    s.tick()  # 64 bytes: not walked
+    assert (s.records, s.walked, s.unwalked) == (2, 32, 64)
+    rates = s.rates(s.started + 1.0)
+    assert rates["records_per_s"] == 6.0 and not rates["records_exact"]
+    fresh = _top._Stream(reader_of(buf), 0, CAP, 0, 0, s.started)
+    fresh.unwalked = 64  # nothing walked at all: no records/s to give
+    assert fresh.rates(s.started + 1.0)["records_per_s"] is None
+
+
+def test_unread_records_are_the_frames_from_the_head() -> None:
+    buf, w, r = ring()
+    for n in (3, 30, 300):
+        assert w.try_write(b"u" * n)
+    assert r.next_frame() is not None
+    r.commit()  # one consumed, two unread
+    head = lambda: int(r.header[16])  # noqa: E731  (ring.py's HEAD word)
+    records, nbytes = _top._unread_records(reader_of(buf), 0, CAP, head)
+    assert (records, nbytes) == (2, tail_of(w) - head())
+
+
+def report(stalled: bool = True) -> dict[str, Any]:
+    long = "a-process-with-a-very-long-name"
+    lane = {
+        "writer_pid": 4194301, "reader_pid": 4194302, "capacity": 1 << 20,
+        "bytes_per_s": 123456789.0, "records_per_s": 1234567.0, "records_exact": False,
+        "unread_records": 123456, "unread_bytes": 999999, "fill": 0.95,
+        "reader_parked": True, "writer_parked": True, "writer_closed": True,
+        "reader_closed": True, "stalled": stalled, "still_s": 3.0,
+    }  # fmt: skip
+    reader = {
+        "rank": 255, "pid": 4194303, "consumed_bytes_per_s": 1e9, "unread_records": None,
+        "unread_bytes": 1 << 30, "fill": 1.0, "parked": True, "closed": True,
+        "stalled": stalled, "still_s": 9.0,
+    }  # fmt: skip
+    return {
+        "version": 1, "host": "a-very-long-host-name.example.org", "time": time.time(),
+        "interval_s": 1.0, "stall_s": 1.0,
+        "connections": [
+            {"segment": "memfd:rw.1.000000000000", "creator_pid": 4194301,
+             "pids": [4194301, 4194302], "lanes": [lane, lane],
+             "slots": {"in_use": 256, "slots": 256}},
+        ],
+        "broadcasts": [
+            {"segment": "memfd:rw.1.000000000001", "writer_pid": 4194301, "pids": [4194301],
+             "capacity": 1 << 30, "bytes_per_s": 1e9, "records_per_s": 1e7,
+             "records_exact": True, "writer_parked": True, "writer_closed": True,
+             "reader_entries": 256, "readers": [reader] * 3, "slots": None},
+        ],
+        "tcp_connections": [
+            {"pid": 4194301, "side": "server", "address": "tcp://[::1]:5555",
+             "local": "[2001:db8::1]:65535", "peer": "[2001:db8::2]:65535",
+             "peer_pid": None, "state": "peer gone", "in_flight_bytes": 1 << 20,
+             "send_capacity": 1 << 20, "inbox_records": 123456, "inbox_bytes": 1 << 30,
+             "heard_s_ago": 1.0, "out_bytes_per_s": None, "in_bytes_per_s": 0.0},
+        ],
+        "pools": [],
+        "processes": [
+            {"pid": p, "comm": long, "alive": p != 4194302} for p in (4194301, 4194302, 4194303)
+        ],
+        "unreadable": [{"pid": 1, "comm": "init", "uid": 0, "error": "Permission denied"}],
+    }  # fmt: skip
+
+
+def rendered(rep: dict[str, Any]) -> str:
+    out = io.StringIO()
+    _top._console(out).print(_top.render(rep))
+    return out.getvalue()
+
+
+def test_the_view_fits_80_columns_whatever_it_shows() -> None:
+    text = rendered(report())
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= _top.WIDTH == 80, text
+    assert text.count("STALLED") >= 6  # two lanes, three ranks, the headline
+    assert "~1.2M" in text  # an estimated rate says so
+    assert "rank 255" in text and "peer gone" in text
+    who = _top._names(report())
+    assert (who(4194301), who(4194302), who(None)) == ("4194301 a-proces", "4194302 (dead)", "?")
+    assert "1 process not readable" in text
+    assert "\x1b[" not in text  # no terminal: no escape codes
+    calm = rendered(report(stalled=False))
+    assert "STALLED" not in calm
+
+
+def test_sample_refuses_bad_numbers() -> None:
+    with pytest.raises(ValueError, match="interval"):
+        _top.sample(-1.0)
+    with pytest.raises(ValueError, match="stall"):
+        _top.sample(0.0, stall=float("nan"))
+
+
+def test_sample_without_proc_says_so(tmp_path: Any) -> None:
+    with pytest.raises(OSError, match="/proc"):
+        _top.sample(0.0, proc=str(tmp_path))
