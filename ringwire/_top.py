@@ -19,7 +19,8 @@ A *sample* is one scan, then :data:`TICK_S`-spaced reads of every ring's header 
   head), read *after* the frames, is still at or below ``t0``; otherwise the walk is
   kept only if it lands exactly on ``t1`` with every length valid, and the rate is
   marked estimated (``records_exact: false``).  Windows larger than
-  :data:`MAX_WALK` bytes, or whose walk fails, are counted in bytes and converted at
+  :data:`MAX_WALK` bytes or past the sample's budget (:data:`WALK_PER_S`, which bounds
+  the CPU ``top`` takes), or whose walk fails, are counted in bytes and converted at
   the mean frame size of the windows that were walked.
 * **unread depth**: bytes are ``tail - head``; records are the frames between them,
   walked from the head read *after* the data (the writer cannot overwrite what that
@@ -56,12 +57,25 @@ from ._pool.segment import SHM_DIR
 from ._wire.broadcast_ring import BROADCAST_WORDS, ENTRY_SIZE, ENTRY_WORDS
 from ._wire.ring import HEADER_SIZE, HEADER_WORDS, WRAP_MARKER, frame_size, max_payload
 
-__all__ = ["MAX_WALK", "TICK_S", "add_command", "count_frames", "render", "run", "sample"]
+__all__ = [
+    "MAX_WALK",
+    "TICK_S",
+    "WALK_PER_S",
+    "add_command",
+    "count_frames",
+    "render",
+    "run",
+    "sample",
+]
 
 TICK_S = 0.01
 """Seconds between two reads of every ring's header within a sample."""
 MAX_WALK = 256 * 1024
 """The most bytes of frames one tick reads from one ring to count records."""
+WALK_PER_S = 2 << 20
+"""The most bytes of frames a sample walks per second, all rings together: what bounds
+``top``'s own CPU however fast the records flow (about a tenth of a core with 8-byte
+frames; past it, windows are converted at the mean frame size)."""
 
 _U32 = struct.Struct("=I")
 _U64 = struct.Struct("=Q")
@@ -118,6 +132,7 @@ def _word(read: Reader, off: int) -> int:
 class _Stream:
     """One ring's publishing side: its tail, and the records counted since the start."""
 
+    segment: str
     read: Reader
     header: int  # offset of the ring header in the segment
     capacity: int
@@ -129,15 +144,17 @@ class _Stream:
     unwalked: int = 0  # bytes published in windows not walked
     exact: bool = True
 
-    def tick(self) -> None:
+    def tick(self, budget: int = MAX_WALK) -> int:
+        """Read the tail again; walk the frames published since, when they are at most
+        ``budget`` bytes (and :data:`MAX_WALK`).  Returns the bytes walked."""
         tail = _word(self.read, self.header + _TAIL)
         if tail == self.tail:
-            return
+            return 0
         span = tail - self.tail
-        if not 0 < span <= min(self.capacity, MAX_WALK):
+        if not 0 < span <= min(self.capacity, MAX_WALK, budget):
             self.unwalked += max(0, span)
             self.tail = max(self.tail, tail)
-            return
+            return 0
         data = _read_span(self.read, self.header + HEADER_SIZE, self.capacity, self.tail, tail)
         guard = _word(self.read, self.header + _HEAD)  # a head, or a broadcast's horizon
         n = count_frames(data, self.tail, self.capacity)
@@ -148,6 +165,7 @@ class _Stream:
             self.walked += span
             self.exact = self.exact and guard <= self.tail
         self.tail = tail
+        return span
 
     def rates(self, now: float) -> dict[str, Any]:
         dt = max(now - self.started, 1e-9)
@@ -209,7 +227,9 @@ def _ticker(held: list[Held], now: float) -> tuple[list[_Stream], dict[tuple[str
             off = 0
             for i, lane in enumerate(e["lanes"]):
                 streams.append(
-                    _Stream(h.read, off, lane["capacity"], lane["tail"], lane["tail"], now)
+                    _Stream(
+                        e["segment"], h.read, off, lane["capacity"], lane["tail"], lane["tail"], now
+                    )
                 )
                 cursors[(e["segment"], i)] = _Cursor(
                     (e["segment"], i), lane["head"], lane["head"], now
@@ -217,7 +237,9 @@ def _ticker(held: list[Held], now: float) -> tuple[list[_Stream], dict[tuple[str
                 lane["_stream"] = streams[-1]
                 off += HEADER_SIZE + lane["capacity"]
         else:
-            streams.append(_Stream(h.read, 0, e["capacity"], e["tail"], e["tail"], now))
+            streams.append(
+                _Stream(e["segment"], h.read, 0, e["capacity"], e["tail"], e["tail"], now)
+            )
             e["_stream"] = streams[-1]
             for r in e["readers"]:
                 key = (e["segment"], r["rank"])
@@ -281,24 +303,40 @@ def sample(
             )
         }
         deadline = start + interval
+        gone: set[str] = set()  # segments that could no longer be read (their processes went)
+        budget = int(WALK_PER_S * max(interval, TICK_S))
         while True:
             now = time.monotonic()
             for s in streams:
-                s.tick()
+                if s.segment not in gone:
+                    try:
+                        budget -= s.tick(budget)
+                    except OSError:
+                        gone.add(s.segment)
             for key, c in cursors.items():
-                head = heads[key]()
-                if head != c.head:
-                    c.head, c.still_since = head, now
+                if key[0] not in gone:
+                    try:
+                        head = heads[key]()
+                    except OSError:
+                        gone.add(key[0])
+                        continue
+                    if head != c.head:
+                        c.head, c.still_since = head, now
             if now >= deadline:
                 break
             time.sleep(min(TICK_S, deadline - now))
         end = time.monotonic()
-        connections = [
-            _connection(h, cursors, end, stall) for h in held if h.entry["kind"] == "rings"
-        ]
-        broadcasts = [
-            _broadcast(h, cursors, end, stall) for h in held if h.entry["kind"] == "broadcast"
-        ]
+        connections, broadcasts = [], []
+        for h in held:
+            if h.entry["segment"] in gone:
+                continue
+            try:
+                if h.entry["kind"] == "rings":
+                    connections.append(_connection(h, cursors, end, stall))
+                else:
+                    broadcasts.append(_broadcast(h, cursors, end, stall))
+            except OSError:
+                gone.add(h.entry["segment"])
     finally:
         for h in held:
             h.close()
@@ -338,6 +376,7 @@ def sample(
         ],
         "processes": [procs[p] for p in sorted(procs)],
         "unreadable": last["unreadable"],
+        "gone": sorted(gone),  # segments that could not be read again (their processes went)
     }
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ringwire import _top
+from ringwire import _inspect, _top
 from ringwire._wire.ring import HEADER_SIZE, RingReader, RingWriter, init_ring, ring_size
 
 CAP = 1024
@@ -67,7 +67,7 @@ def test_count_frames_refuses_what_is_not_a_chain_of_frames() -> None:
 
 def test_a_followed_ring_counts_records_exactly_while_the_reader_lags() -> None:
     buf, w, r = ring()
-    s = _top._Stream(reader_of(buf), 0, CAP, 0, 0, time.monotonic())
+    s = _top._Stream("s", reader_of(buf), 0, CAP, 0, 0, time.monotonic())
     for i in range(7):
         assert w.try_write(b"z" * (i + 1))
         if i % 3 == 0:
@@ -90,7 +90,7 @@ def test_a_window_too_large_to_walk_is_converted_at_the_mean_frame_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     buf, w, _ = ring()
-    s = _top._Stream(reader_of(buf), 0, CAP, 0, 0, time.monotonic())
+    s = _top._Stream("s", reader_of(buf), 0, CAP, 0, 0, time.monotonic())
     for _ in range(2):
         assert w.try_write(b"a" * 12)  # 16-byte frames
     s.tick()
@@ -101,7 +101,12 @@ def test_a_window_too_large_to_walk_is_converted_at_the_mean_frame_size(
     assert (s.records, s.walked, s.unwalked) == (2, 32, 64)
     rates = s.rates(s.started + 1.0)
     assert rates["records_per_s"] == 6.0 and not rates["records_exact"]
-    fresh = _top._Stream(reader_of(buf), 0, CAP, 0, 0, s.started)
+    monkeypatch.setattr(_top, "MAX_WALK", 1 << 20)
+    assert w.try_write(b"a" * 12)
+    assert s.tick(budget=8) == 0 and s.unwalked == 80  # past the sample's budget
+    assert w.try_write(b"a" * 12)
+    assert s.tick(budget=16) == 16 and s.records == 3
+    fresh = _top._Stream("s", reader_of(buf), 0, CAP, 0, 0, s.started)
     fresh.unwalked = 64  # nothing walked at all: no records/s to give
     assert fresh.rates(s.started + 1.0)["records_per_s"] is None
 
@@ -191,3 +196,82 @@ def test_sample_refuses_bad_numbers() -> None:
 def test_sample_without_proc_says_so(tmp_path: Any) -> None:
     with pytest.raises(OSError, match="/proc"):
         _top.sample(0.0, proc=str(tmp_path))
+
+
+def two_lanes() -> tuple[bytearray, list[RingWriter], list[RingReader]]:
+    """A connection's segment as ``scan`` finds it: two lanes, one after the other."""
+    buf = bytearray(2 * ring_size(CAP))
+    init_ring(buf, 0, CAP)
+    init_ring(buf, ring_size(CAP), CAP)
+    offs = (0, ring_size(CAP))
+    return buf, [RingWriter(buf, o) for o in offs], [RingReader(buf, o) for o in offs]
+
+
+def fake_scan(entries: list[tuple[dict[str, Any], _top.Reader]]) -> Any:
+    """A ``scan`` over segments in this process's memory (``proc`` unused)."""
+
+    def scan(proc: str, shm_dir: str, pid: Any, hold: Any = None) -> dict[str, Any]:
+        for entry, read in entries:
+            if hold is not None:
+                hold.append(_inspect.Held(dict(entry, lanes=[dict(x) for x in entry["lanes"]]),
+                                          read, lambda: None))  # fmt: skip
+        return {"tcp_connections": [], "processes": [], "pools": [], "unreadable": []}
+
+    return scan
+
+
+def lanes_entry(name: str, writers: list[RingWriter], readers: list[RingReader]) -> dict[str, Any]:
+    flags = dict.fromkeys(
+        ("reader_parked", "writer_parked", "writer_closed", "reader_closed"), False
+    )
+    return {
+        "segment": name, "kind": "rings", "creator_pid": 1, "pids": [1, 2],
+        "lanes": [
+            {"capacity": CAP, "tail": tail_of(w), "head": int(r.header[16]),
+             "writer_pid": pid, "reader_pid": 3 - pid, **flags}
+            for w, r, pid in zip(writers, readers, (1, 2))
+        ],
+    }  # fmt: skip
+
+
+def test_sample_follows_rings_flags_a_stall_across_refreshes_and_drops_what_went(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    buf, writers, readers = two_lanes()
+    for _ in range(5):
+        assert writers[1].try_write(b"r" * 20)  # nobody reads lane 1: 5 unread
+    broken = {"after": 10**9}
+
+    def read(off: int, n: int) -> bytes:
+        return bytes(buf[off : off + n])
+
+    def dying(off: int, n: int) -> bytes:
+        broken["after"] -= 1
+        if broken["after"] < 0:
+            raise OSError("the process went")
+        return bytes(buf[off : off + n])
+
+    entries = [(lanes_entry("seg", writers, readers), read)]
+    other = two_lanes()
+    entries.append((lanes_entry("dies", other[1], other[2]), dying))
+    monkeypatch.setattr(_top, "scan", fake_scan(entries))
+    memory = _top._Memory()
+    rep = _top.sample(0.05, stall=0.2, memory=memory)
+    [conn, dead] = rep["connections"]
+    assert conn["segment"] == "seg" and dead["segment"] == "dies" and rep["gone"] == []
+    lane0, lane1 = conn["lanes"]
+    assert (lane1["unread_records"], lane1["unread_bytes"]) == (5, 5 * 24)
+    assert lane1["fill"] == 5 * 24 / CAP and not lane1["stalled"]  # still for 0.05 s only
+    assert lane0["unread_records"] == 0 and not lane0["stalled"]
+    # the next refresh remembers since when lane 1's reader has not moved
+    broken["after"] = 3
+    rep = _top.sample(0.2, stall=0.2, memory=memory)
+    [conn] = rep["connections"]
+    assert conn["lanes"][1]["stalled"] and conn["lanes"][1]["still_s"] >= 0.25
+    assert rep["gone"] == ["dies"]
+    # the reader catches up: no longer stalled
+    while readers[1].next_frame() is not None:
+        pass
+    readers[1].commit()
+    rep = _top.sample(0.02, stall=0.2, memory=memory)
+    assert not rep["connections"][0]["lanes"][1]["stalled"]
