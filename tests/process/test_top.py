@@ -175,7 +175,11 @@ def test_top_once_shows_channel_broadcast_and_listener(bpath: str) -> None:
     assert report["connections"] == [] and report["broadcasts"] == [], report
 
 
-def test_top_refuses_a_bad_interval() -> None:
+def test_top_is_listed_and_refuses_bad_numbers() -> None:
+    help_text = subprocess.run(
+        [sys.executable, "-m", "ringwire", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "top" in help_text and "live view" in help_text
     out = top("--once", "--interval", "0")
     assert out.returncode == 2 and "--interval must be" in out.stderr
     out = top("--once", "--stall", "-1")
