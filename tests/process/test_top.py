@@ -184,3 +184,42 @@ def test_top_is_listed_and_refuses_bad_numbers() -> None:
     assert out.returncode == 2 and "--interval must be" in out.stderr
     out = top("--once", "--stall", "-1")
     assert out.returncode == 2 and "--stall must be" in out.stderr
+
+
+def child_tcp(url: str, ready: Any) -> None:
+    """Connect over TCP, say so, read until ``"stop"``."""
+    with ringwire.connect_sync(url, heartbeat=2.0) as ch:
+        ch.send({"hello": 1}, timeout=10)
+        ready.send(b"connected")
+        while ch.receive(timeout=30) != "stop":
+            pass
+
+
+@pytest.mark.multiprocess
+def test_top_shows_tcp_connections_with_their_rates() -> None:
+    pytest.importorskip("zmq")
+    me = os.getpid()
+    ready_r, ready_w = SPAWN.Pipe(duplex=False)
+    with ringwire.SyncListener("tcp://127.0.0.1:0") as listener:
+        with spawned(child_tcp, listener.path, ready_w) as p:
+            ready_w.close()
+            ch = listener.accept(timeout=30)
+            try:
+                assert ch.receive(timeout=10) == {"hello": 1}
+                assert ready_r.poll(30)
+                with Pacer(lambda r: ch.send(r, timeout=10)):
+                    out = top("--once", "--json", "--interval", "1")  # both processes' tables
+                assert out.returncode == 0, out.stderr
+                rows = json.loads(out.stdout)["tcp_connections"]
+                [theirs] = [t for t in rows if t["pid"] == p.pid]
+                assert theirs["side"] == "client" and theirs["peer_pid"] == me
+                assert theirs["state"] == "live" and theirs["in_bytes_per_s"] > 0
+                assert theirs["out_bytes_per_s"] == 0  # it sent its hello before
+                [ours] = [t for t in rows if t["pid"] == me]
+                assert ours["side"] == "server" and ours["peer_pid"] == p.pid
+                assert ours["out_bytes_per_s"] > 0 and ours["peer"] == theirs["local"]
+                ch.send("stop", timeout=10)
+                p.join(30)
+                assert p.exitcode == 0
+            finally:
+                ch.close()
