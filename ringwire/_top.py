@@ -186,6 +186,7 @@ class _Cursor:
     """One reader's head: its progress and whether it stalls."""
 
     key: tuple[str, int]  # (segment, lane index or broadcast rank)
+    stream: _Stream  # what it reads
     head0: int
     head: int
     still_since: float  # when the head last moved, or the reader last had nothing unread
@@ -232,7 +233,7 @@ def _ticker(held: list[Held], now: float) -> tuple[list[_Stream], dict[tuple[str
                     )
                 )
                 cursors[(e["segment"], i)] = _Cursor(
-                    (e["segment"], i), lane["head"], lane["head"], now
+                    (e["segment"], i), streams[-1], lane["head"], lane["head"], now
                 )
                 lane["_stream"] = streams[-1]
                 off += HEADER_SIZE + lane["capacity"]
@@ -243,7 +244,7 @@ def _ticker(held: list[Held], now: float) -> tuple[list[_Stream], dict[tuple[str
             e["_stream"] = streams[-1]
             for r in e["readers"]:
                 key = (e["segment"], r["rank"])
-                cursors[key] = _Cursor(key, r["head"], r["head"], now)
+                cursors[key] = _Cursor(key, streams[-1], r["head"], r["head"], now)
     return streams, cursors
 
 
@@ -291,10 +292,6 @@ def sample(
         first = scan(proc, shm_dir, pid, hold=held)
         start = time.monotonic()
         streams, cursors = _ticker(held, start)
-        for c in cursors.values():  # a reader still since an earlier refresh stays so
-            was = memory.still_since.get(c.key)
-            if was is not None and was[0] == c.head:
-                c.still_since = was[1]
         heads = {
             (h.entry["segment"], i): _head_reader(h, i)
             for h in held
@@ -302,8 +299,22 @@ def sample(
                 range(2) if h.entry["kind"] == "rings" else [r["rank"] for r in h.entry["readers"]]
             )
         }
-        deadline = start + interval
         gone: set[str] = set()  # segments that could no longer be read (their processes went)
+        for s in streams:  # the counters as of ``start``, not of the scan
+            try:
+                s.tail0 = s.tail = _word(s.read, s.header + _TAIL)
+            except OSError:
+                gone.add(s.segment)
+        for key, c in cursors.items():
+            try:
+                c.head0 = c.head = heads[key]()
+            except OSError:
+                gone.add(key[0])
+        for c in cursors.values():  # a reader still since an earlier refresh stays so
+            was = memory.still_since.get(c.key)
+            if was is not None and was[0] == c.head:
+                c.still_since = was[1]
+        deadline = start + interval
         budget = int(WALK_PER_S * max(interval, TICK_S))
         while True:
             now = time.monotonic()
@@ -320,7 +331,8 @@ def sample(
                     except OSError:
                         gone.add(key[0])
                         continue
-                    if head != c.head:
+                    # moved, or nothing to read (as of this tick's tail): not still
+                    if head != c.head or head >= c.stream.tail:
                         c.head, c.still_since = head, now
             if now >= deadline:
                 break

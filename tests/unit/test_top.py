@@ -275,3 +275,23 @@ def test_sample_follows_rings_flags_a_stall_across_refreshes_and_drops_what_went
     readers[1].commit()
     rep = _top.sample(0.02, stall=0.2, memory=memory)
     assert not rep["connections"][0]["lanes"][1]["stalled"]
+
+
+def test_a_reader_that_just_got_a_record_is_not_stalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # idle (nothing unread) for the whole sample, then a record in the last tick: its
+    # head has not moved for 0.3 s, but it had nothing to read until just now
+    buf, writers, readers = two_lanes()
+    monkeypatch.setattr(
+        _top, "scan", fake_scan([(lanes_entry("seg", writers, readers), reader_of(buf))])
+    )
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if seconds < _top.TICK_S:  # the last one of the sample
+            assert writers[0].try_write(b"late")
+        real_sleep(seconds)
+
+    monkeypatch.setattr(_top.time, "sleep", sleep)
+    rep = _top.sample(0.3, stall=0.2)
+    lane0 = rep["connections"][0]["lanes"][0]
+    assert lane0["unread_records"] == 1 and not lane0["stalled"] and lane0["still_s"] < 0.2
