@@ -199,6 +199,12 @@ def _sections(report: dict[str, Any]) -> list[Section]:
             rows,
         )
     )
+    if report.get("listening"):
+        rows = [
+            [_who(report, x["pid"]), x["path"], str(x["accepted"])] for x in report["listening"]
+        ]
+        title = "Listening Unix sockets of these processes (a listener's, a broadcast's)"
+        out.append((title, ["PROCESS", "PATH", "ACCEPTED"], rows))
     if report["other_segments"]:
         rows = [
             [

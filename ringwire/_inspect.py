@@ -165,11 +165,14 @@ def _dev(st_dev: int) -> str:
     return f"{os.major(st_dev):02x}:{os.minor(st_dev):02x}"
 
 
-def _descriptors(proc: str, pids: Sequence[int]) -> list[Holder]:
+def _descriptors(
+    proc: str, pids: Sequence[int], sockets: dict[int, list[int]] | None = None
+) -> list[Holder]:
     """Every descriptor of a ringwire segment that a readable process holds (a memory
     file not yet passed on or kept for late joiners; a named segment's kept descriptor).
     A process whose ``fd`` directory cannot be read is skipped: its ``maps`` (read by
-    :func:`_mappings`, which names unreadable processes) says the rest."""
+    :func:`_mappings`, which names unreadable processes) says the rest.  ``sockets``:
+    filled with the socket inodes each process holds (pid -> inodes)."""
     found: list[Holder] = []
     for pid in pids:
         base = f"{proc}/{pid}/fd"
@@ -184,6 +187,9 @@ def _descriptors(proc: str, pids: Sequence[int]) -> list[Holder]:
                 target = os.readlink(f"{base}/{entry}")
             except OSError:
                 continue  # closed meanwhile
+            if target.startswith(_SOCKET) and sockets is not None:
+                sockets.setdefault(pid, []).append(int(target[len(_SOCKET) : -1]))
+                continue
             if not _is_candidate(target):
                 continue
             parsed = parse_segment_path(target)
@@ -196,6 +202,43 @@ def _descriptors(proc: str, pids: Sequence[int]) -> list[Holder]:
             name, kind, deleted = parsed
             found.append(Holder(pid, int(entry), _dev(st.st_dev), st.st_ino, name, deleted, kind))
     return found
+
+
+_SOCKET = "socket:["  # a socket descriptor's link: socket:[<inode>]
+_ACCEPTCON = 0x10000  # /proc/net/unix Flags of a listening socket (__SO_ACCEPTCON)
+
+
+def _unix_paths(proc: str) -> dict[int, tuple[bool, str]]:
+    """Every Unix socket with a path, from ``/proc/net/unix``: inode -> (listening,
+    path).  An accepted socket shows its listener's path; a connecting one none."""
+    found: dict[int, tuple[bool, str]] = {}
+    try:
+        with open(f"{proc}/net/unix", encoding="utf-8", errors="replace") as f:
+            next(f, None)  # the header line
+            for line in f:
+                cols = line.split(None, 7)
+                if len(cols) == 8 and cols[6].isdigit() and cols[7].startswith("/"):
+                    listening = int(cols[3], 16) & _ACCEPTCON != 0
+                    found[int(cols[6])] = (listening, cols[7].rstrip("\n"))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def _listening(
+    proc: str, sockets: dict[int, list[int]], pids: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The Unix sockets that ``pids`` listen on (a :class:`~ringwire.Listener`'s, a
+    broadcast's; or any other of theirs: a socket does not say whose it is), each with
+    the connections it accepted that the process still holds."""
+    paths = _unix_paths(proc)
+    out = []
+    for pid in pids:
+        held = [paths[i] for i in sockets.get(pid, []) if i in paths]
+        for path in sorted({p for listening, p in held if listening}):
+            accepted = sum(1 for listening, p in held if p == path and not listening)
+            out.append({"pid": pid, "path": path, "accepted": accepted})
+    return out
 
 
 def _comm(proc: str, pid: int) -> str | None:
@@ -479,7 +522,9 @@ def scan(
     every segment found (``segment_kind``: ``"memfd"`` or ``"named"``; ``kind``: what
     it holds: ``rings``, ``broadcast``, ``slots``, ``tcp``, ``unknown`` or
     ``unreadable``); the sections ``connections``, ``broadcasts``, ``tcp_connections``,
-    ``pools`` and ``other_segments`` say what is in them.  ``hold``: a list to which the
+    ``pools`` and ``other_segments`` say what is in them; ``listening``: the Unix
+    sockets the processes listed listen on (path, and the connections accepted there
+    they still hold: a listener's, a broadcast's readers).  ``hold``: a list to which the
     readers of the connections' and broadcasts' segments are appended, open, instead of
     being closed (``python -m ringwire top`` samples their headers again); the caller
     closes each.  Raises ``OSError`` when ``proc`` is not a Linux ``/proc``.
@@ -492,7 +537,8 @@ def scan(
     for mp in maps:
         key = (mp.dev, mp.inode, mp.name)
         segments.setdefault(key, _Segment(mp.name, mp.kind)).maps.append(mp)
-    for h in _descriptors(proc, pids_here):
+    sockets: dict[int, list[int]] = {}
+    for h in _descriptors(proc, pids_here, sockets):
         key = (h.dev, h.inode, h.name)
         segments.setdefault(key, _Segment(h.name, h.kind)).holders.append(h)
 
@@ -628,6 +674,7 @@ def scan(
         "uid": os.geteuid(),
         "connections": connections,
         "broadcasts": broadcasts,
+        "listening": _listening(proc, sockets, sorted(processes)),
         "tcp_connections": tcp,
         "pools": pools,
         "other_segments": others,

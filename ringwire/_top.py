@@ -379,6 +379,7 @@ def sample(
         "connections": connections,
         "broadcasts": broadcasts,
         "tcp_connections": tcp,
+        "listening": last["listening"],
         "pools": [
             {
                 k: p[k]
@@ -618,6 +619,15 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[tuple[lis
         rows.append((cells, "bold red" if t["state"] != "live" else ""))
     heads = ["PROCESS SIDE > PEER", "OUT B/S", "IN B/S", "UNREAD", "IN FLIGHT", "STATE"]
     out.append(("TCP connections", heads, rows))
+    rows = []
+    listening = report.get("listening", [])
+    whos = [who(x["pid"]) for x in listening]
+    room = WIDTH - 2 * 2 - max([7, *map(len, whos)]) - len("ACCEPTED")  # what a path may take
+    for x, name in zip(listening, whos):
+        path = x["path"] if len(x["path"]) <= room else "…" + x["path"][-(room - 1) :]
+        rows.append(([path, name, str(x["accepted"])], ""))
+    heads = ["PATH", "PROCESS", "ACCEPTED"]
+    out.append(("Listening (Unix sockets of these processes)", heads, rows))
     return out
 
 
@@ -639,6 +649,7 @@ def _headline(report: dict[str, Any]) -> str:
 
 
 _RIGHT = {n: [0 < i < n - 1 for i in range(n)] for n in (6, 7)}  # figures to the right
+_RIGHT[3] = [False, False, True]  # the listening sockets' table: path, process, count
 
 
 def _widths(heads: list[str], rows: list[tuple[list[str], str]]) -> list[int]:

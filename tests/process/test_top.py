@@ -151,6 +151,10 @@ def test_top_once_shows_channel_broadcast_and_listener(bpath: str) -> None:
             [theirs] = [lane for lane in lconn["lanes"] if lane["writer_pid"] == pl.pid]
             assert theirs["unread_records"] == 3 and theirs["reader_pid"] == me
 
+            # the listener's and the broadcast's sockets, with what they accepted
+            listening = {(x["pid"], x["path"]): x["accepted"] for x in report["listening"]}
+            assert listening[(me, lpath)] == 1 and listening[(me, bpath)] == 2
+
             procs = {p["pid"] for p in report["processes"]}
             assert {me, pc.pid, pl.pid, p0.pid, p1.pid} <= procs
 

@@ -157,6 +157,11 @@ def report(stalled: bool = True) -> dict[str, Any]:
              "send_capacity": 1 << 20, "inbox_records": 123456, "inbox_bytes": 1 << 30,
              "heard_s_ago": 1.0, "out_bytes_per_s": None, "in_bytes_per_s": 0.0},
         ],
+        "listening": [
+            {"pid": 4194301, "path": "/tmp/" + "a-deep-directory/" * 8 + "listener.sock",
+             "accepted": 1234},
+            {"pid": 4194303, "path": "/tmp/b.sock", "accepted": 0},
+        ],
         "pools": [],
         "processes": [
             {"pid": p, "comm": long, "alive": p != 4194302} for p in (4194301, 4194302, 4194303)
@@ -178,6 +183,7 @@ def test_the_view_fits_80_columns_whatever_it_shows() -> None:
     assert text.count("STALLED") >= 6  # two lanes, three ranks, the headline
     assert "~1.2M" in text  # an estimated rate says so
     assert "rank 255" in text and "peer gone" in text
+    assert "…ory/a-deep-directory/" in text and "/listener.sock  " in text and "/tmp/b.sock" in text
     who = _top._names(report())
     assert (who(4194301), who(4194302), who(None)) == ("4194301 a-proces", "4194302 (dead)", "?")
     assert "1 process not readable" in text
@@ -215,7 +221,13 @@ def fake_scan(entries: list[tuple[dict[str, Any], _top.Reader]]) -> Any:
             if hold is not None:
                 hold.append(_inspect.Held(dict(entry, lanes=[dict(x) for x in entry["lanes"]]),
                                           read, lambda: None))  # fmt: skip
-        return {"tcp_connections": [], "processes": [], "pools": [], "unreadable": []}
+        return {
+            "tcp_connections": [],
+            "processes": [],
+            "pools": [],
+            "unreadable": [],
+            "listening": [],
+        }
 
     return scan
 
