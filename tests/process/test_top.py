@@ -227,3 +227,26 @@ def test_top_shows_tcp_connections_with_their_rates() -> None:
                 assert p.exitcode == 0
             finally:
                 ch.close()
+
+
+def test_top_streams_json_lines_until_interrupted() -> None:
+    import signal
+
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ringwire", "top", "--json", "--interval", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert p.stdout is not None
+        first, second = p.stdout.readline(), p.stdout.readline()
+        assert json.loads(first)["version"] == json.loads(second)["version"] == 1
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 0
+        assert "Traceback" not in (p.stderr.read() if p.stderr else "")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for f in (p.stdout, p.stderr):
+            if f is not None:
+                f.close()

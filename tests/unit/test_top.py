@@ -5,6 +5,7 @@ live processes is in tests/process/test_top.py)."""
 from __future__ import annotations
 
 import io
+import json
 import time
 from typing import Any
 
@@ -307,3 +308,68 @@ def test_a_reader_that_just_got_a_record_is_not_stalled(monkeypatch: pytest.Monk
     rep = _top.sample(0.3, stall=0.2)
     lane0 = rep["connections"][0]["lanes"][0]
     assert lane0["unread_records"] == 1 and not lane0["stalled"] and lane0["still_s"] < 0.2
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def args(**kw: Any) -> Any:
+    import argparse
+
+    base = {"once": False, "json": False, "interval": 0.01, "stall": 1.0, "pid": None}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def samples_then_interrupt(monkeypatch: pytest.MonkeyPatch, n: int) -> list[Any]:
+    """``sample`` gives ``report()`` ``n`` times, then Ctrl-C; returns the memories passed."""
+    seen: list[Any] = []
+
+    def fake(interval: float, **kw: Any) -> dict[str, Any]:
+        seen.append(kw["memory"])
+        if len(seen) > n:
+            raise KeyboardInterrupt
+        return report(stalled=False)
+
+    monkeypatch.setattr(_top, "sample", fake)
+    return seen
+
+
+def test_the_live_view_refreshes_in_place_until_interrupted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = samples_then_interrupt(monkeypatch, 2)
+    out = Terminal()
+    assert _top.run(args(), out) == 0
+    assert len(seen) == 3 and seen[0] is seen[1] is seen[2]  # one memory across refreshes
+    text = out.getvalue()
+    assert "\x1b[" in text and text.count("Connections (one row per direction)") >= 2
+
+
+def test_json_lines_without_once_and_plain_views_when_not_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    samples_then_interrupt(monkeypatch, 2)
+    out = io.StringIO()
+    assert _top.run(args(json=True), out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and all(json.loads(x)["version"] == 1 for x in lines)
+    samples_then_interrupt(monkeypatch, 2)
+    out = io.StringIO()
+    assert _top.run(args(), out) == 0
+    assert out.getvalue().count("ringwire top") == 2 and "\x1b[" not in out.getvalue()
+
+
+def test_run_refuses_bad_numbers_and_reports_a_missing_proc(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _top.run(args(interval=0.0), io.StringIO()) == 2
+    assert _top.run(args(stall=float("inf")), io.StringIO()) == 2
+
+    def no_proc(interval: float, **kw: Any) -> dict[str, Any]:
+        raise OSError("/proc is not available: inspect needs Linux /proc")
+
+    monkeypatch.setattr(_top, "sample", no_proc)
+    assert _top.run(args(once=True), io.StringIO()) == 1
+    assert "ringwire top: /proc is not available" in capsys.readouterr().err
