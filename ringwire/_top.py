@@ -591,7 +591,7 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[tuple[lis
         behind = max((r["unread_bytes"] for r in b["readers"]), default=0)
         cells = [
             f"{who(b['writer_pid'])} > {len(b['readers'])}/{b['reader_entries']} readers",
-            _records(b), _bytes(b["bytes_per_s"]), f"max {_bytes(behind)}",
+            _records(b), _bytes(b["bytes_per_s"]), f"max {_bytes(behind)}" if behind else "0",
             _pct(behind / b["capacity"]), _slots(b["slots"]), state,
         ]  # fmt: skip
         rows.append((cells, "yellow" if b["writer_parked"] else "bold"))
@@ -612,7 +612,7 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[tuple[lis
         cells = [
             f"{who(t['pid'])} {t['side']} > {t['peer'] or '?'}",
             _bytes(t["out_bytes_per_s"]), _bytes(t["in_bytes_per_s"]),
-            f"{t['inbox_records']}/{_bytes(t['inbox_bytes'])}",
+            _unread(t["inbox_records"], t["inbox_bytes"]),
             f"{_bytes(t['in_flight_bytes'])}/{_bytes(t['send_capacity'])}",
             t["state"],
         ]  # fmt: skip
