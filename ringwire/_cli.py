@@ -3,6 +3,8 @@
 ::
 
     python -m ringwire inspect [--json] [--pid PID] [--plain]
+    python -m ringwire top [--once] [--json] [--interval S] [--stall S] [--pid PID]
+                                                            (ringwire._top)
     python -m ringwire cleanup [--dry-run] [--json]
     python -m ringwire keygen DIR [--name NAME] [--force]   (CURVE keys: ringwire._net.keys)
     python -m ringwire doctor [--json] [--need NAME,...]    (ringwire._doctor)
@@ -72,6 +74,7 @@ from ._doctor import add_command as add_doctor_command
 from ._inspect import scan
 from ._net.keys import add_command as add_keygen_command
 from ._pool.segment import SHM_DIR, pid_alive, stale_segments, sweep
+from ._top import add_command as add_top_command
 from ._wire.names import name_pid
 
 __all__ = ["main", "scan"]
@@ -133,6 +136,30 @@ def _sections(report: dict[str, Any]) -> list[Section]:
                 ]
             )
     out.append(("Connections", ["SEGMENT", "CREATED BY", "LANE", "FILL", "STATE"], rows))
+    rows = []
+    for b in report.get("broadcasts", []):
+        head = [
+            b["segment"],
+            _who(report, b["writer_pid"]),
+            f"{len(b['readers'])}/{b['reader_entries']} readers",
+            f"{_size(b['tail'])} published, ring {_size(b['capacity'])}",
+            ", ".join(
+                f for f, on in (("writer closed", b["writer_closed"]),
+                                ("writer parked (ring full)", b["writer_parked"])) if on
+            ),
+        ]  # fmt: skip
+        rows.append(head)
+        for r in b["readers"]:
+            fill = r["fill"]
+            pct = "" if fill is None else f" ({100 * fill / b['capacity']:.1f}%)"
+            state = ", ".join(
+                f for f, on in (("closed", r["closed"]), ("parked", r["parked"])) if on
+            )
+            rows.append(
+                ["", "", f"rank {r['rank']}: {_who(report, r['pid'])}",
+                 f"{_size(fill)} unread{pct}", state]
+            )  # fmt: skip
+    out.append(("Broadcasts", ["SEGMENT", "WRITER", "READER", "FILL", "STATE"], rows))
     rows = [
         [
             _who(report, t["pid"]),
@@ -172,6 +199,12 @@ def _sections(report: dict[str, Any]) -> list[Section]:
             rows,
         )
     )
+    if report.get("listening"):
+        rows = [
+            [_who(report, x["pid"]), x["path"], str(x["accepted"])] for x in report["listening"]
+        ]
+        title = "Listening Unix sockets of these processes (a listener's, a broadcast's)"
+        out.append((title, ["PROCESS", "PATH", "ACCEPTED"], rows))
     if report["other_segments"]:
         rows = [
             [
@@ -243,8 +276,10 @@ def _summary(report: dict[str, Any]) -> str:
 
     stale = sum(1 for x in report["names"] if x["stale"])
     tcp = report.get("tcp_connections")
+    bcs = report.get("broadcasts")
     text = (
         f"ringwire on this host: {n(len(report['connections']), 'connection')}, "
+        f"{n(len(bcs), 'broadcast') + ', ' if bcs else ''}"
         f"{n(len(tcp), 'TCP connection') + ', ' if tcp else ''}"
         f"{n(len(report['pools']), 'slot pool')}, "
         f"{n(len(report['names']), 'name')} in {SHM_DIR} ({stale} stale)"
@@ -375,7 +410,10 @@ def _cleanup(args: argparse.Namespace, out: TextIO) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ringwire",
-        description="Inspect ringwire connections on this host; clean up after dead processes.",
+        description=(
+            "Inspect ringwire connections on this host, watch them live (top); clean up "
+            "after dead processes."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser(
@@ -391,6 +429,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain text even on a terminal")
     p.add_argument("--pid", type=int, help="only segments this process maps, holds or created")
     p.set_defaults(func=_inspect)
+    add_top_command(sub)
     c = sub.add_parser(
         "cleanup",
         help=f"remove {SHM_DIR} names whose creator process is dead",

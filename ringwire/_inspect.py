@@ -3,8 +3,9 @@
 Every process's ``maps`` and ``fd`` are parsed for ringwire segments (memory files and
 named POSIX segments), grouped by inode into segments, and each segment's header is read
 (through a held descriptor, ``map_files`` or ``mem``) to say what it holds: a
-connection's rings, a slot pool, a TCP status table.  :func:`scan` returns the report as
-plain data; the rendering and the command line are in :mod:`ringwire._cli`, and the
+connection's rings, a broadcast ring and its readers' cursors, a slot pool, a TCP status
+table.  :func:`scan` returns the report as plain data; the rendering and the command
+line are in :mod:`ringwire._cli` (``top``'s in :mod:`ringwire._top`), and the
 module docstring there says where each piece of information comes from.  Nothing is
 written and nothing is mapped.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from ._net import sockdiag
 from ._pool.segment import SHM_DIR, pid_alive, stale_segments
 from ._wire import netstatus
+from ._wire.broadcast_ring import BROADCAST_WORDS, ENTRY_SIZE, ENTRY_WORDS, MAX_READERS
 from ._wire.names import is_memfd_label, is_segment_name, name_pid
 from ._wire.ring import HEADER_SIZE, HEADER_WORDS, RING_MAGIC, validate_capacity
 from ._wire.slotlayout import (
@@ -35,7 +37,16 @@ from ._wire.slotlayout import (
     SENT,
 )
 
-__all__ = ["PROC", "Holder", "Mapping", "parse_maps_line", "parse_segment_path", "scan"]
+__all__ = [
+    "PROC",
+    "Held",
+    "Holder",
+    "Mapping",
+    "Reader",
+    "parse_maps_line",
+    "parse_segment_path",
+    "scan",
+]
 
 PROC = "/proc"
 _MAPS_LINE = re.compile(
@@ -154,11 +165,14 @@ def _dev(st_dev: int) -> str:
     return f"{os.major(st_dev):02x}:{os.minor(st_dev):02x}"
 
 
-def _descriptors(proc: str, pids: Sequence[int]) -> list[Holder]:
+def _descriptors(
+    proc: str, pids: Sequence[int], sockets: dict[int, list[int]] | None = None
+) -> list[Holder]:
     """Every descriptor of a ringwire segment that a readable process holds (a memory
     file not yet passed on or kept for late joiners; a named segment's kept descriptor).
     A process whose ``fd`` directory cannot be read is skipped: its ``maps`` (read by
-    :func:`_mappings`, which names unreadable processes) says the rest."""
+    :func:`_mappings`, which names unreadable processes) says the rest.  ``sockets``:
+    filled with the socket inodes each process holds (pid -> inodes)."""
     found: list[Holder] = []
     for pid in pids:
         base = f"{proc}/{pid}/fd"
@@ -173,6 +187,9 @@ def _descriptors(proc: str, pids: Sequence[int]) -> list[Holder]:
                 target = os.readlink(f"{base}/{entry}")
             except OSError:
                 continue  # closed meanwhile
+            if target.startswith(_SOCKET) and sockets is not None:
+                sockets.setdefault(pid, []).append(int(target[len(_SOCKET) : -1]))
+                continue
             if not _is_candidate(target):
                 continue
             parsed = parse_segment_path(target)
@@ -185,6 +202,43 @@ def _descriptors(proc: str, pids: Sequence[int]) -> list[Holder]:
             name, kind, deleted = parsed
             found.append(Holder(pid, int(entry), _dev(st.st_dev), st.st_ino, name, deleted, kind))
     return found
+
+
+_SOCKET = "socket:["  # a socket descriptor's link: socket:[<inode>]
+_ACCEPTCON = 0x10000  # /proc/net/unix Flags of a listening socket (__SO_ACCEPTCON)
+
+
+def _unix_paths(proc: str) -> dict[int, tuple[bool, str]]:
+    """Every Unix socket with a path, from ``/proc/net/unix``: inode -> (listening,
+    path).  An accepted socket shows its listener's path; a connecting one none."""
+    found: dict[int, tuple[bool, str]] = {}
+    try:
+        with open(f"{proc}/net/unix", encoding="utf-8", errors="replace") as f:
+            next(f, None)  # the header line
+            for line in f:
+                cols = line.split(None, 7)
+                if len(cols) == 8 and cols[6].isdigit() and cols[7].startswith("/"):
+                    listening = int(cols[3], 16) & _ACCEPTCON != 0
+                    found[int(cols[6])] = (listening, cols[7].rstrip("\n"))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def _listening(
+    proc: str, sockets: dict[int, list[int]], pids: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The Unix sockets that ``pids`` listen on (a :class:`~ringwire.Listener`'s, a
+    broadcast's; or any other of theirs: a socket does not say whose it is), each with
+    the connections it accepted that the process still holds."""
+    paths = _unix_paths(proc)
+    out = []
+    for pid in pids:
+        held = [paths[i] for i in sockets.get(pid, []) if i in paths]
+        for path in sorted({p for listening, p in held if listening}):
+            accepted = sum(1 for listening, p in held if p == path and not listening)
+            out.append({"pid": pid, "path": path, "accepted": accepted})
+    return out
 
 
 def _comm(proc: str, pid: int) -> str | None:
@@ -340,9 +394,60 @@ def _read_pool(read: Reader, size: int) -> dict[str, Any]:
     }
 
 
+_BROADCAST_MAGIC = b"RWBCST"  # the first six bytes of word 2 of a broadcast ring's header
+
+
 def _kind_of(read: Reader) -> str:
-    magic = read(0, 8)[:6]
+    head = read(0, 8 * (BROADCAST_WORDS["broadcast_magic"] + 1))
+    magic = head[:6]
+    if (
+        magic == RING_MAGIC
+        and head[8 * BROADCAST_WORDS["broadcast_magic"] :][:6] == _BROADCAST_MAGIC
+    ):
+        return "broadcast"
     return {RING_MAGIC: "rings", POOL_MAGIC: "slots", netstatus.MAGIC: "tcp"}.get(magic, "unknown")
+
+
+def _read_broadcast(read: Reader, size: int) -> dict[str, Any]:
+    """A broadcast ring's header and the entries of its reader table that are taken
+    (:mod:`ringwire._wire.broadcast_ring` draws the layout): per reader its rank, pid,
+    head, bytes behind the tail, parked and closed flags."""
+    words = struct.unpack("=64Q", _read_exact(read, 0, HEADER_SIZE))
+    capacity = validate_capacity(words[BROADCAST_WORDS["capacity"]])
+    n, table = words[BROADCAST_WORDS["readers"]], words[BROADCAST_WORDS["table_offset"]]
+    if not 1 <= n <= MAX_READERS or table != HEADER_SIZE + capacity:
+        raise ValueError(f"broadcast ring claims {n} readers, reader table at {table}")
+    if table + n * ENTRY_SIZE > size:
+        raise ValueError("the broadcast ring's reader table lies outside the segment")
+    tail = words[BROADCAST_WORDS["tail"]]
+    raw = _read_exact(read, table, n * ENTRY_SIZE)
+    readers = []
+    for rank in range(n):
+        e = struct.unpack_from(f"={ENTRY_SIZE // 8}Q", raw, rank * ENTRY_SIZE)
+        pid = e[ENTRY_WORDS["state"]]
+        if pid == 0:
+            continue  # a free entry
+        head = e[ENTRY_WORDS["head"]]
+        readers.append(
+            {
+                "rank": rank,
+                "pid": pid,
+                "head": head,
+                "start": e[ENTRY_WORDS["start"]],
+                "fill": tail - head if head <= tail <= head + capacity else None,
+                "parked": e[ENTRY_WORDS["parked"]] != 0,
+                "closed": e[ENTRY_WORDS["closed"]] != 0,
+            }
+        )
+    return {
+        "capacity": capacity,
+        "tail": tail,
+        "horizon": words[BROADCAST_WORDS["horizon"]],
+        "writer_parked": words[BROADCAST_WORDS["writer_parked"]] != 0,
+        "writer_closed": words[BROADCAST_WORDS["writer_closed"]] != 0,
+        "reader_entries": n,
+        "readers": readers,
+    }
 
 
 def _read_tcp(read: Reader, size: int) -> list[dict[str, Any]]:
@@ -367,6 +472,8 @@ def _read_tcp(read: Reader, size: int) -> list[dict[str, Any]]:
                 "receive_capacity": v["receive_capacity"],
                 "array_bytes_out": v["array_bytes_out"],
                 "array_budget": v["array_budget"],
+                "sent_bytes": v["sent"],
+                "consumed_bytes": v["consumed"],
                 "heard_s_ago": max(0, now - v["heard_ns"]) / 1e9,
                 "message_s_ago": max(0, now - v["heard_ns"]) / 1e9,
                 "kernel": None,
@@ -392,14 +499,35 @@ _SEGMENT_FIELDS = (
 """The fields of each entry of ``segments`` in the report: every segment found."""
 
 
-def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Held:
+    """A segment whose reader :func:`scan` left open for its caller (``hold=``): the
+    report's entry for it, ``read(offset, n)`` over its bytes, and the closer the
+    caller must call."""
+
+    entry: dict[str, Any]
+    read: Reader
+    close: Callable[[], None]
+
+
+def scan(
+    proc: str = PROC,
+    shm_dir: str = SHM_DIR,
+    pid: int | None = None,
+    hold: list[Held] | None = None,
+) -> dict[str, Any]:
     """What ``inspect`` reports, as plain data (the ``--json`` output).
 
     ``pid``: only segments that process maps, holds or created.  ``segments`` lists
     every segment found (``segment_kind``: ``"memfd"`` or ``"named"``; ``kind``: what
-    it holds: ``rings``, ``slots``, ``tcp``, ``unknown`` or ``unreadable``); the
-    sections ``connections``, ``tcp_connections``, ``pools`` and ``other_segments``
-    say what is in them.  Raises ``OSError`` when ``proc`` is not a Linux ``/proc``.
+    it holds: ``rings``, ``broadcast``, ``slots``, ``tcp``, ``unknown`` or
+    ``unreadable``); the sections ``connections``, ``broadcasts``, ``tcp_connections``,
+    ``pools`` and ``other_segments`` say what is in them; ``listening``: the Unix
+    sockets the processes listed listen on (path, and the connections accepted there
+    they still hold: a listener's, a broadcast's readers).  ``hold``: a list to which the
+    readers of the connections' and broadcasts' segments are appended, open, instead of
+    being closed (``python -m ringwire top`` samples their headers again); the caller
+    closes each.  Raises ``OSError`` when ``proc`` is not a Linux ``/proc``.
     """
     if not os.path.isdir(proc) or not os.path.exists(f"{proc}/self"):
         raise OSError(f"{proc} is not available: inspect needs Linux /proc")
@@ -409,7 +537,8 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
     for mp in maps:
         key = (mp.dev, mp.inode, mp.name)
         segments.setdefault(key, _Segment(mp.name, mp.kind)).maps.append(mp)
-    for h in _descriptors(proc, pids_here):
+    sockets: dict[int, list[int]] = {}
+    for h in _descriptors(proc, pids_here, sockets):
         key = (h.dev, h.inode, h.name)
         segments.setdefault(key, _Segment(h.name, h.kind)).holders.append(h)
 
@@ -421,6 +550,7 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
         return processes[p]
 
     connections: list[dict[str, Any]] = []
+    broadcasts: list[dict[str, Any]] = []
     tcp: list[dict[str, Any]] = []
     pools: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []
@@ -457,6 +587,7 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
             others.append(entry)
             continue
         read, size, close = opened
+        keep = False
         try:
             entry["size"] = size
             entry["kind"] = _kind_of(read)
@@ -468,6 +599,12 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
                 lanes[1].update(writer_pid=peer, reader_pid=creator)
                 entry["lanes"] = lanes
                 connections.append(entry)
+                keep = hold is not None
+            elif entry["kind"] == "broadcast":
+                entry["writer_pid"] = creator
+                entry.update(_read_broadcast(read, size))
+                broadcasts.append(entry)
+                keep = hold is not None
             elif entry["kind"] == "slots":
                 entry["owner_pid"] = creator
                 entry["peer_pids"] = peers
@@ -482,7 +619,10 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
             entry["error"] = str(exc)
             others.append(entry)
         finally:
-            close()
+            if keep and hold is not None:
+                hold.append(Held(entry, read, close))
+            else:
+                close()
 
     if tcp:  # the kernel's view: queues, and data last received (heartbeats included)
         kernel = sockdiag.connections()
@@ -533,6 +673,8 @@ def scan(proc: str = PROC, shm_dir: str = SHM_DIR, pid: int | None = None) -> di
         "version": 1,
         "uid": os.geteuid(),
         "connections": connections,
+        "broadcasts": broadcasts,
+        "listening": _listening(proc, sockets, sorted(processes)),
         "tcp_connections": tcp,
         "pools": pools,
         "other_segments": others,

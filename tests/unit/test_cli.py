@@ -407,3 +407,42 @@ def test_a_status_row_ignores_a_descriptor_that_is_no_longer_tcp() -> None:
             assert strings() == seen
     finally:
         row.close()
+
+
+def test_a_broadcast_ring_is_told_from_a_connection_and_its_readers_are_read() -> None:
+    from ringwire._wire.broadcast_ring import (
+        BroadcastReader,
+        BroadcastWriter,
+        broadcast_ring_size,
+        init_broadcast_ring,
+    )
+
+    cap = 4096
+    buf = bytearray(broadcast_ring_size(cap, 3))
+    init_broadcast_ring(buf, 0, cap, 3)
+    w = BroadcastWriter(buf)
+    w.admit(0, 111)
+    w.admit(2, 333)
+    for n in (10, 20, 30):
+        assert w.try_write(b"s" * n)
+    r = BroadcastReader(buf, 2)
+    assert r.next_frame() is not None
+    r.commit()
+
+    def read(off: int, n: int) -> bytes:
+        return bytes(buf[off : off + n])
+
+    assert _inspect._kind_of(read) == "broadcast"
+    got = _inspect._read_broadcast(read, len(buf))
+    tail = w.position
+    assert (got["capacity"], got["tail"], got["reader_entries"]) == (cap, tail, 3)
+    assert not got["writer_parked"] and not got["writer_closed"]
+    by_rank = {x["rank"]: x for x in got["readers"]}
+    assert sorted(by_rank) == [0, 2]  # rank 1's entry is free
+    assert (by_rank[0]["pid"], by_rank[0]["head"], by_rank[0]["fill"]) == (111, 0, tail)
+    assert (by_rank[2]["pid"], by_rank[2]["fill"]) == (333, tail - by_rank[2]["head"])
+    assert 0 < by_rank[2]["head"] < tail
+    with pytest.raises(ValueError, match="outside the segment"):
+        _inspect._read_broadcast(read, len(buf) - 1)
+    w.release()
+    r.release()
