@@ -29,6 +29,7 @@ not sent (a call past its deadline is answered ``DeadlineExceeded``) -- what asy
 from __future__ import annotations
 
 import builtins
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -37,6 +38,7 @@ from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
 from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
+from . import tracing
 from .callcore import (
     DEFAULT_CONCURRENCY,
     POLL_PEER_S,
@@ -116,6 +118,17 @@ class SyncClient(ClientBase[SyncChannel]):
         :class:`DeadlineExceeded`, ``BrokenResourceError`` (every waiting call at once
         when the server dies), ``ClosedResourceError`` after :meth:`close`, and what
         ``SyncChannel.send`` raises for a request that cannot be sent."""
+        core = self._core
+        if core.on_timing is not None or tracing.OTEL_TRACE in sys.modules:
+            tr = tracing.call_trace(
+                tracing.OTEL_TRACE in sys.modules, core.on_timing, self._chan.peer_pid
+            )
+            if tr is not None:
+                with tr:
+                    return self._call(request, timeout, tr)
+        return self._call(request, timeout, None)
+
+    def _call(self, request: Any, timeout: float | None, tr: tracing.CallTrace | None) -> Any:
         if timeout is not None and timeout <= 0:
             raise no_time(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -127,7 +140,13 @@ class SyncClient(ClientBase[SyncChannel]):
             self._flush_cancels()
         left = None if deadline is None else deadline - time.monotonic()
         try:
-            self._chan.send(Envelope(CALL, cid, left, request), left)
+            env = (
+                Envelope(CALL, cid, left, request)
+                if tr is None
+                else tr.envelope(cid, left, request)
+            )
+            self._chan.send(env, left)
+            del env
         except Exception as exc:  # not sent (a timeout included)
             with cv:
                 core.forget(cid, slot)
@@ -156,6 +175,8 @@ class SyncClient(ClientBase[SyncChannel]):
             assert timeout is not None
             self._flush_cancels()
             raise timed_out(timeout)
+        if tr is not None:
+            tr.answered(slot.env)
         return outcome(slot)
 
     def _abandon(self, cid: int, slot: _Slot) -> None:
@@ -366,7 +387,14 @@ class _SyncServer(ServerBase[SyncChannel]):
             if refused is not None:
                 return refused
         payload, job.payload = job.payload, None
+        span = None
+        if job.trace is not None:
+            job.started = now = time.monotonic()
+            span = tracing.serve_span(job.trace, payload, job.id, now - job.received)
+            if span is not None:
+                span.enter()
         _running.job = job
+        out: Envelope | None = None
         try:
             out = Envelope(REPLY, job.id, None, self.handler(payload))
         except Exception as exc:
@@ -374,12 +402,19 @@ class _SyncServer(ServerBase[SyncChannel]):
         finally:
             _running.job = None
             del payload
+            if span is not None and out is None:  # (a KeyboardInterrupt, SystemExit)
+                span.end(None, cancelled=True)
+                span = None
         if job.cancelled:
-            return None
-        if job.deadline is not None:
+            out = None
+        elif job.deadline is not None:
             now = time.monotonic()
             if now >= job.deadline:
-                return core.deadline_error(job, now, started=True)
+                out = core.deadline_error(job, now, started=True)
+        if span is not None:
+            span.answer(out)
+        if out is not None and job.trace is not None:
+            out = ServerCore.timed(job, out, time.monotonic())
         return out
 
     def reply(self, env: Envelope) -> None:
