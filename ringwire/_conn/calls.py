@@ -509,6 +509,7 @@ class _Server(ServerBase[Channel]):
         assert job.trace is not None
         span = tracing.serve_span(job.trace, payload, job.id, now - job.received)
         out: Envelope | None = None
+        failure: Exception | None = None
         me.in_handler = True
         try:
             if span is not None:
@@ -520,6 +521,7 @@ class _Server(ServerBase[Channel]):
             out = Envelope(REPLY, job.id, None, result)
         except Exception as exc:
             out = self.core.raised(job, exc)
+            failure = exc
         except BaseException as exc:  # cancelled: by the client, or at the deadline
             if span is not None:
                 if job.cancelled or job.deadline is None:
@@ -533,7 +535,8 @@ class _Server(ServerBase[Channel]):
             if job.deadline is not None:
                 scope.deadline = math.inf
             if span is not None:
-                span.answer(out)
+                span.answer(out, failure)
+            del failure
         return out
 
     async def answer(self, job: Job, out: Envelope | None) -> None:

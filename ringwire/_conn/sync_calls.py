@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
-from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
+from .._wire.envelope import CALL, CANCEL, ERROR, REPLY, Envelope
 from . import tracing
 from .callcore import (
     DEFAULT_CONCURRENCY,
@@ -395,10 +395,12 @@ class _SyncServer(ServerBase[SyncChannel]):
                 span.enter()
         _running.job = job
         out: Envelope | None = None
+        failure: Exception | None = None
         try:
             out = Envelope(REPLY, job.id, None, self.handler(payload))
         except Exception as exc:
             out = core.raised(job, exc)
+            failure = exc
         finally:
             _running.job = None
             del payload
@@ -412,7 +414,8 @@ class _SyncServer(ServerBase[SyncChannel]):
             if now >= job.deadline:
                 out = core.deadline_error(job, now, started=True)
         if span is not None:
-            span.answer(out)
+            span.answer(out, failure if out is not None and out.kind == ERROR else None)
+        del failure
         if out is not None and job.trace is not None:
             out = ServerCore.timed(job, out, time.monotonic())
         return out

@@ -59,8 +59,6 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-import anyio
-
 from .._wire.envelope import CALL, ERROR, TracedEnvelope, remote_error
 
 __all__ = ["OTEL_TRACE", "CallTrace", "ServeSpan", "call_trace", "installed", "serve_span"]
@@ -125,10 +123,9 @@ def _end(otel: _Otel, span: Any, exc: BaseException | None, cancelled: bool) -> 
 
 
 def _is_cancel(exc: BaseException) -> bool:
-    """A cancellation (of a task, a cancel scope) or an interrupt, not a failure."""
-    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
-        return True
-    return isinstance(exc, anyio.get_cancelled_exc_class())
+    """A cancellation (asyncio's, trio's: a ``BaseException``) or an interrupt
+    (``KeyboardInterrupt``, ``SystemExit``), not a failure (an ``Exception``)."""
+    return not isinstance(exc, Exception)
 
 
 # -- the caller ----------------------------------------------------------------------------
@@ -251,12 +248,12 @@ class ServeSpan:
         self.leave()
         _end(self.otel, self.span, exc, cancelled)
 
-    def answer(self, env: Any) -> None:
-        """End the span with what answers the call: an ERROR is recorded."""
-        if env is not None and env.kind == ERROR and env.error is not None:
-            self.end(remote_error(env.error))
-        else:
-            self.end(None, cancelled=env is None)
+    def answer(self, env: Any, exc: BaseException | None = None) -> None:
+        """End the span with what answers the call: ``exc``, what the handler raised,
+        or else an ERROR's data is recorded; no answer (``None``): cancelled."""
+        if exc is None and env is not None and env.kind == ERROR and env.error is not None:
+            exc = remote_error(env.error)
+        self.end(exc, cancelled=env is None)
 
 
 def serve_span(field: list[str], request: Any, cid: int, queued: float) -> ServeSpan | None:
