@@ -90,15 +90,27 @@ class _Otel:
 
     def __init__(self) -> None:
         from opentelemetry import context, trace
-        from opentelemetry.trace import SpanKind, Status, StatusCode
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        from opentelemetry.trace import (
+            NonRecordingSpan,
+            SpanContext,
+            SpanKind,
+            Status,
+            StatusCode,
+            TraceFlags,
+            TraceState,
+        )
 
         self.context = context
         self.trace = trace
         self.client, self.server = SpanKind.CLIENT, SpanKind.SERVER
         self.error = StatusCode.ERROR
         self.status = Status
-        self.propagator = TraceContextTextMapPropagator()
+        self.current_span = trace.get_current_span
+        self.invalid_span = trace.INVALID_SPAN
+        self.remote_span = NonRecordingSpan
+        self.span_context = SpanContext
+        self.flags = TraceFlags
+        self.state = TraceState
         self.tracer = trace.get_tracer(
             "ringwire", getattr(sys.modules.get("ringwire"), "__version__", None)
         )  # a proxy until set
@@ -109,6 +121,54 @@ def _api() -> _Otel:
     if _otel is None:
         _otel = _Otel()
     return _otel
+
+
+def _traceparent(context: Any) -> list[str]:
+    """A span's context as the CALL's ``trace``: ``[traceparent, tracestate]`` (the
+    W3C headers, version 00; the tracestate only when there is one)."""
+    field = [f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"]
+    state = context.trace_state
+    if state:
+        field.append(state.to_header())
+    return field
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _parent(otel: _Otel, field: list[str]) -> Any:
+    """The context a CALL's ``trace`` continues, or ``None`` (start a new trace) for a
+    traceparent that does not parse -- the W3C rules: ``version-traceid-parentid-flags``
+    in lowercase hex, version ``ff`` invalid, version 00 exactly four fields, a later
+    version may append fields, an all-zero trace or parent id invalid."""
+    header = field[0]
+    parts = header.split("-")
+    if len(parts) < 4:
+        return None
+    version, trace_id, span_id, flags = parts[:4]
+    if (
+        not _HEX.issuperset(version + trace_id + span_id + flags)
+        or len(version) != 2
+        or version == "ff"
+        or (version == "00" and len(parts) != 4)
+        or len(trace_id) != 32
+        or len(span_id) != 16
+        or len(flags) != 2
+        or trace_id == "0" * 32
+        or span_id == "0" * 16
+    ):
+        return None
+    state = None
+    if len(field) > 1 and field[1]:
+        state = otel.state.from_header([field[1]])
+    context = otel.span_context(
+        int(trace_id, 16),
+        int(span_id, 16),
+        is_remote=True,
+        trace_flags=otel.flags(int(flags, 16)),
+        trace_state=state,
+    )
+    return otel.trace.set_span_in_context(otel.remote_span(context))
 
 
 def _end(otel: _Otel, span: Any, exc: BaseException | None, cancelled: bool) -> None:
@@ -136,7 +196,7 @@ class CallTrace:
     ``None``: timings only), what its CALL carries, when it was sent.  A context
     manager around the call: leaving ends the span, with the exception if any."""
 
-    __slots__ = ("field", "on_timing", "peer_pid", "sent", "span")
+    __slots__ = ("cid", "field", "on_timing", "peer_pid", "sent", "span")
 
     def __init__(self, span: Any, field: list[str], on_timing: TimingHook | None, pid: int) -> None:
         self.span = span
@@ -144,11 +204,11 @@ class CallTrace:
         self.on_timing = on_timing
         self.peer_pid = pid
         self.sent = 0.0
+        self.cid = 0
 
     def envelope(self, cid: int, time_left: float | None, request: Any) -> TracedEnvelope:
         """The CALL to send (the clock of the round trip starts now)."""
-        if self.span is not None:
-            self.span.set_attribute("ringwire.call.id", cid)
+        self.cid = cid
         self.sent = time.perf_counter()
         return TracedEnvelope(CALL, cid, time_left, request, None, self.field)
 
@@ -159,16 +219,19 @@ class CallTrace:
             return
         rtt = time.perf_counter() - self.sent
         timing = env.timing
-        if timing is None or len(timing) < 2:
+        if timing is None or len(timing) < 2:  # a server that predates timings
             if self.span is not None:
-                self.span.set_attribute("ringwire.call.round_trip_s", rtt)
-            return  # a server that predates timings
+                self.span.set_attributes(
+                    {"ringwire.call.id": self.cid, "ringwire.call.round_trip_s": rtt}
+                )
+            return
         queued, handled = timing[0], timing[1]
         wire = max(0.0, rtt - queued - handled)
         span = self.span
         if span is not None:
             span.set_attributes(
                 {
+                    "ringwire.call.id": self.cid,
                     "ringwire.call.round_trip_s": rtt,
                     "ringwire.call.queued_s": queued,
                     "ringwire.call.wire_s": wire,
@@ -197,21 +260,15 @@ def call_trace(
     the application imported OpenTelemetry), a new ``ringwire.call`` span and its
     context; else, with ``on_timing``, timings only; else ``None`` (untraced)."""
     if otel_imported:
-        otel = _api()
-        trace = otel.trace
-        if trace.get_current_span().get_span_context().is_valid:
+        otel = _otel or _api()
+        current = otel.current_span()
+        if current is not otel.invalid_span and current.get_span_context().is_valid:
             span = otel.tracer.start_span(
                 "ringwire.call",
                 kind=otel.client,
                 attributes={"rpc.system": "ringwire", "ringwire.peer.pid": peer_pid},
             )
-            carrier: dict[str, str] = {}
-            otel.propagator.inject(carrier, context=trace.set_span_in_context(span))
-            field = [carrier.get("traceparent", "")]
-            state = carrier.get("tracestate")
-            if state:
-                field.append(state)
-            return CallTrace(span, field, on_timing, peer_pid)
+            return CallTrace(span, _traceparent(span.get_span_context()), on_timing, peer_pid)
     if on_timing is not None:
         return CallTrace(None, [], on_timing, peer_pid)
     return None
@@ -263,13 +320,9 @@ def serve_span(field: list[str], request: Any, cid: int, queued: float) -> Serve
     if not field or not installed():
         return None
     otel = _api()
-    carrier = {"traceparent": field[0]}
-    if len(field) > 1:
-        carrier["tracestate"] = field[1]
-    parent = otel.propagator.extract(carrier)
     span = otel.tracer.start_span(
         f"ringwire.serve {type(request).__name__}",
-        context=parent,
+        context=_parent(otel, field),
         kind=otel.server,
         attributes={
             "rpc.system": "ringwire",

@@ -29,6 +29,11 @@ from ringwire._conn import tracing
 _EXPORTER = InMemorySpanExporter()
 
 
+@pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
 def _provider() -> TracerProvider:
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
@@ -267,6 +272,78 @@ def test_sync_client_and_serve_sync_trace_too(spans: Any) -> None:
         got = spans()
         assert got["ringwire.call"].status.status_code == StatusCode.ERROR
         assert got["ringwire.serve str"].status.status_code == StatusCode.ERROR
+
+
+@pytest.mark.anyio
+async def test_the_tracestate_travels_with_the_traceparent(spans: Any) -> None:
+    upstream = trace.SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(1),
+        trace_state=trace.TraceState([("vendor", "v1"), ("other", "x")]),
+    )
+
+    async def handler(x: Any) -> str:
+        return trace.get_current_span().get_span_context().trace_state.to_header()
+
+    async with calls(handler) as client:
+        with trace.use_span(trace.NonRecordingSpan(upstream)):
+            assert await client.call(0) == "vendor=v1,other=x"
+    got = spans()
+    served = got["ringwire.serve int"]
+    assert served.context is not None and served.context.trace_id == upstream.trace_id
+
+
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "garbage",
+        TP.upper(),
+        "ff" + TP[2:],
+        TP + "-extra",  # version 00 has exactly four fields
+        "00-" + "0" * 32 + "-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-01",
+        "00-0af7651916cd43dd8448eb211c80319-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1",
+    ],
+)
+def test_a_traceparent_that_does_not_parse_starts_a_new_trace(header: str) -> None:
+    assert tracing._parent(tracing._api(), [header]) is None
+
+
+def test_a_traceparent_parses_by_the_w3c_rules() -> None:
+    for header in (TP, "01" + TP[2:] + "-later"):
+        parent = tracing._parent(tracing._api(), [header, "a=b"])
+        context = trace.get_current_span(parent).get_span_context()
+        assert (context.trace_id, context.span_id) == (
+            0x0AF7651916CD43DD8448EB211C80319C,
+            0xB7AD6B7169203331,
+        )
+        assert context.is_remote and context.trace_flags.sampled
+        assert context.trace_state.to_header() == "a=b"
+    assert tracing._traceparent(context) == [TP, "a=b"]
+
+
+@pytest.mark.anyio
+async def test_a_call_whose_traceparent_is_garbage_is_served_in_a_new_trace(spans: Any) -> None:
+    ca, cb = await connected()
+    async with ca, cb, anyio.create_task_group() as tg:
+        tg.start_soon(serve, cb, echo_int)
+        await ca.send([1, 1, None, 5, None, ["not a traceparent"]])
+        reply = await ca.receive()
+        tg.cancel_scope.cancel()
+    assert reply[:4] == [2, 1, None, 5] and len(reply[6]) == 2
+    served = spans()["ringwire.serve int"]
+    assert served.parent is None  # a root
+
+
+async def echo_int(x: int) -> int:
+    return x
 
 
 # -- the timings hook ------------------------------------------------------------------------
