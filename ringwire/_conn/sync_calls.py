@@ -119,65 +119,68 @@ class SyncClient(ClientBase[SyncChannel]):
         when the server dies), ``ClosedResourceError`` after :meth:`close`, and what
         ``SyncChannel.send`` raises for a request that cannot be sent."""
         core = self._core
+        tr = None  # a traced (or timed) call's trace; its span ends with the call
         if core.on_timing is not None or tracing.OTEL_TRACE in sys.modules:
             tr = tracing.call_trace(
                 tracing.OTEL_TRACE in sys.modules, core.on_timing, self._chan.peer_pid
             )
+        try:
+            if timeout is not None and timeout <= 0:
+                raise no_time(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            cv, core = self._cv, self._core
+            slot = _Slot()
+            with cv:
+                cid = core.open(slot)
+            if core.deferred:
+                self._flush_cancels()
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                env = (
+                    Envelope(CALL, cid, left, request)
+                    if tr is None
+                    else tr.envelope(cid, left, request)
+                )
+                self._chan.send(env, left)
+                del env
+            except Exception as exc:  # not sent (a timeout included)
+                with cv:
+                    core.forget(cid, slot)
+                if isinstance(exc, TimeoutError) and timeout is not None:
+                    raise timed_out(timeout) from None  # (no room before the deadline)
+                raise
+            except BaseException:  # KeyboardInterrupt: it may have been sent
+                self._abandon(cid, slot)
+                raise
+            try:
+                with cv:
+                    while slot.env is None and slot.error is None:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            if core.forget(cid, slot):
+                                core.deferred.append(cid)
+                            break
+                        if self._receiving:
+                            cv.wait(left)
+                        else:
+                            self._receive(left)
+            except BaseException:
+                self._abandon(cid, slot)
+                raise
+            if slot.env is None and slot.error is None:
+                assert timeout is not None
+                self._flush_cancels()
+                raise timed_out(timeout)
             if tr is not None:
-                with tr:
-                    return self._call(request, timeout, tr)
-        return self._call(request, timeout, None)
-
-    def _call(self, request: Any, timeout: float | None, tr: tracing.CallTrace | None) -> Any:
-        if timeout is not None and timeout <= 0:
-            raise no_time(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        cv, core = self._cv, self._core
-        slot = _Slot()
-        with cv:
-            cid = core.open(slot)
-        if core.deferred:
-            self._flush_cancels()
-        left = None if deadline is None else deadline - time.monotonic()
-        try:
-            env = (
-                Envelope(CALL, cid, left, request)
-                if tr is None
-                else tr.envelope(cid, left, request)
-            )
-            self._chan.send(env, left)
-            del env
-        except Exception as exc:  # not sent (a timeout included)
-            with cv:
-                core.forget(cid, slot)
-            if isinstance(exc, TimeoutError) and timeout is not None:
-                raise timed_out(timeout) from None  # (no room before the deadline)
+                tr.answered(slot.env)
+                reply = outcome(slot)  # (a RemoteError raised: recorded below)
+                tr.end(None)
+                return reply
+            return outcome(slot)
+        except BaseException as exc:
+            if tr is not None:
+                tr.end(exc)
             raise
-        except BaseException:  # KeyboardInterrupt: it may have been sent
-            self._abandon(cid, slot)
-            raise
-        try:
-            with cv:
-                while slot.env is None and slot.error is None:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        if core.forget(cid, slot):
-                            core.deferred.append(cid)
-                        break
-                    if self._receiving:
-                        cv.wait(left)
-                    else:
-                        self._receive(left)
-        except BaseException:
-            self._abandon(cid, slot)
-            raise
-        if slot.env is None and slot.error is None:
-            assert timeout is not None
-            self._flush_cancels()
-            raise timed_out(timeout)
-        if tr is not None:
-            tr.answered(slot.env)
-        return outcome(slot)
 
     def _abandon(self, cid: int, slot: _Slot) -> None:
         with self._cv:

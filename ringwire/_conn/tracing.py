@@ -249,6 +249,11 @@ class CallTrace:
         return self
 
     def __exit__(self, tp: Any, exc: BaseException | None, tb: Any) -> None:
+        self.end(exc)
+
+    def end(self, exc: BaseException | None) -> None:
+        """The call is over: its span ends, ``exc`` (if any) recorded, or marked
+        cancelled for a cancellation or an interrupt."""
         if self.span is not None:
             _end(_api(), self.span, exc, exc is not None and _is_cancel(exc))
 
