@@ -60,6 +60,13 @@ connection: the side that saw it aborts the channel with the reason (the peer ge
 ``BrokenResourceError`` carrying it) and raises :class:`~ringwire.ProtocolError`
 (server) or fails every call with ``BrokenResourceError`` caused by it (client).
 
+**Tracing and timings.**  A CALL may carry the caller's W3C trace context
+(``trace``), and then its answer carries the server's ``[queued, handled]`` seconds
+(``timing``: :meth:`ServerCore.timed`, from ``Job.received`` / ``Job.started``).  What
+spans that makes, and the client's ``on_timing`` hook that gets ``(queued, wire,
+handled)`` per answered call, are :mod:`ringwire._conn.tracing`'s; an untraced call
+pays one check in the drivers and nothing here.
+
 The states of a call:
 
 ============  ===============================  =======================================

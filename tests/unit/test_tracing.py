@@ -476,3 +476,52 @@ def test_installed_but_unused_opentelemetry_is_not_imported() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_server_without_the_sdk_passes_the_trace_on_unchanged() -> None:
+    """A middle process with opentelemetry-api but no SDK (spans do not record): a
+    traced CALL's handler calls onwards, and that CALL carries the same trace id."""
+    script = textwrap.dedent(
+        """
+        import json, anyio, ringwire
+
+        TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+        async def connected():
+            a, b = ringwire.pair()
+            ends = {}
+            async with anyio.create_task_group() as tg:
+                async def connect_b():
+                    ends["b"] = await b.connect()
+                tg.start_soon(connect_b)
+                ends["a"] = await a.connect()
+            return ends["a"], ends["b"]
+
+        async def main():
+            front, middle = await connected()
+            onward, back = await connected()
+            async with front, middle, back, ringwire.Client(onward) as client:
+                async def handler(x):
+                    return await client.call(x + 1)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ringwire.serve, middle, handler)
+                    await front.send([1, 1, None, 1, None, [TP, "k=v"]])
+                    onward_call = list(await back.receive())
+                    await back.send([2, onward_call[1], None, 20, None])
+                    reply = list(await front.receive())
+                    tg.cancel_scope.cancel()
+            print(json.dumps({"onward": onward_call, "reply": reply}))
+
+        anyio.run(main)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["onward"][:4] == [1, 1, None, 2]
+    # the same trace and parent (no SDK: the API's non-recording span keeps the
+    # caller's context), the tracestate too
+    assert out["onward"][5] == [TP, "k=v"]
+    assert out["reply"][:4] == [2, 1, None, 20] and len(out["reply"][6]) == 2
