@@ -35,6 +35,7 @@ import argparse
 import functools
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -45,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: make `perf` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from perf._common import format_table, machine_info
-from perf.peers.base import SETUP_TIMEOUT_S, Req, make_record
+from perf.peers.base import SETUP_TIMEOUT_S, Req, make_record, proc_cpu_seconds
 
 MODES = ("absent", "idle", "traced")
 CALLERS = 64
@@ -110,6 +111,8 @@ def _client(mode: str, ctrl: Any) -> None:
     parked_a, parked_b = ringwire.pair()
     server = SPAWN.Process(target=_server, args=(mode, fast_b, parked_b), daemon=True)
     server.start()
+    server_pid = server.pid
+    assert server_pid is not None
     if mode == "traced":
         from opentelemetry import trace
 
@@ -142,9 +145,11 @@ def _client(mode: str, ctrl: Any) -> None:
                         await caller(left)
 
                 body = traced_caller if mode == "traced" else caller
+                cpu0 = proc_cpu_seconds(os.getpid()) + proc_cpu_seconds(server_pid)
                 t0 = time.perf_counter()
                 await asyncio.gather(*(body() for _ in range(CALLERS)))
                 rate = n_calls / (time.perf_counter() - t0)
+                cpu = proc_cpu_seconds(os.getpid()) + proc_cpu_seconds(server_pid) - cpu0
                 rtts = []
                 for _ in range(n_rtt):
                     if mode == "traced":
@@ -155,7 +160,7 @@ def _client(mode: str, ctrl: Any) -> None:
                         t = time.perf_counter_ns()
                         await one.call(rec, timeout=30)
                     rtts.append(time.perf_counter_ns() - t)
-                ctrl.send((rate, rtts))
+                ctrl.send((rate, cpu / n_calls * 1e6, rtts))
 
     try:
         asyncio.run(main())
@@ -189,14 +194,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"the {mode} client did not start")
         rates: dict[str, list[float]] = {m: [] for m in MODES}
         rtts: dict[str, list[int]] = {m: [] for m in MODES}
+        cpus: dict[str, list[float]] = {m: [] for m in MODES}
         for r in range(rounds + 1):  # round 0 warms up
             order = MODES[r % 3 :] + MODES[: r % 3]
             for mode in order:
                 ctrl = kids[mode][1]
                 ctrl.send((n_calls, n_rtt))
-                rate, samples = ctrl.recv()
+                rate, cpu, samples = ctrl.recv()
                 if r:
                     rates[mode].append(rate)
+                    cpus[mode].append(cpu)
                     rtts[mode].extend(samples)
             print(f"round {r}/{rounds} done", file=sys.stderr)
     finally:
@@ -212,10 +219,12 @@ def main(argv: list[str] | None = None) -> int:
 
     base_rate = statistics.median(rates["absent"])
     base_rtt = statistics.median(rtts["absent"]) / 1000.0
+    base_cpu = statistics.median(cpus["absent"])
     rows = []
     out: dict[str, Any] = {"machine": machine_info(["opentelemetry-api", "opentelemetry-sdk"])}
     for mode in MODES:
         rate = statistics.median(rates[mode])
+        cpu = statistics.median(cpus[mode])
         p50, p99 = statistics.median(rtts[mode]) / 1000.0, _pct(rtts[mode], 0.99)
         rows.append(
             [
@@ -223,12 +232,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rate:,.0f}",
                 f"{rate / base_rate:.3f}",
                 f"{min(rates[mode]):,.0f}-{max(rates[mode]):,.0f}",
+                f"{cpu:.1f}",
+                f"{cpu / base_cpu:.3f}",
                 f"{p50:.1f}",
                 f"{p50 / base_rtt:.3f}",
                 f"{p99:.1f}",
             ]
         )
-        out[mode] = {"calls_per_s": rates[mode], "rtt_p50_us": p50, "rtt_p99_us": p99}
+        out[mode] = {
+            "calls_per_s": rates[mode],
+            "cpu_us_per_call": cpus[mode],
+            "rtt_p50_us": p50,
+            "rtt_p99_us": p99,
+        }
     print(
         f"CPU: {out['machine'].get('cpu')}; {rounds} rounds of {n_calls} calls, {n_rtt} round trips"
     )
@@ -239,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"calls/s ({CALLERS} callers)",
                 "÷ absent",
                 "range",
+                "CPU µs/call",
+                "÷ absent",
                 "parked RTT p50 µs",
                 "÷ absent",
                 "p99 µs",
