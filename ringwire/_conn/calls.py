@@ -524,10 +524,11 @@ class _Server(ServerBase[Channel]):
             failure = exc
         except BaseException as exc:  # cancelled: by the client, or at the deadline
             if span is not None:
-                if job.cancelled or job.deadline is None:
-                    span.end(exc, cancelled=True)
+                now = self.now()
+                if job.cancelled or job.deadline is None or now < job.deadline:
+                    span.end(exc, cancelled=True)  # (or serving ended)
                 else:
-                    span.answer(self.core.deadline_error(job, self.now(), True))
+                    span.answer(self.core.deadline_error(job, now, True))
                 span = None
             raise
         finally:

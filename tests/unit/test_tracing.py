@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Callable
@@ -340,6 +341,54 @@ async def test_a_call_whose_traceparent_is_garbage_is_served_in_a_new_trace(span
     assert reply[:4] == [2, 1, None, 5] and len(reply[6]) == 2
     served = spans()["ringwire.serve int"]
     assert served.parent is None  # a root
+
+
+@pytest.mark.anyio
+async def test_a_handler_stopped_at_its_deadline_records_deadline_exceeded(spans: Any) -> None:
+    async def slow(x: int) -> int:
+        await anyio.sleep(30)
+        return x
+
+    ca, cb = await connected()
+    async with ca, cb, anyio.create_task_group() as tg:
+        tg.start_soon(serve, cb, slow)
+        await ca.send([1, 1, 0.2, 5, None, [TP]])  # hand-made: no client to cancel first
+        with anyio.fail_after(10):
+            reply = await ca.receive()
+        tg.cancel_scope.cancel()
+    assert reply[0] == 3 and reply[4][0] == "DeadlineExceeded" and len(reply[6]) == 2
+    served = spans()["ringwire.serve int"]
+    assert served.status.status_code == StatusCode.ERROR
+    (event,) = [e for e in served.events if e.name == "exception"]
+    assert str(dict(event.attributes or {})["exception.type"]).endswith("DeadlineExceeded")
+
+
+def test_a_serve_sync_handler_past_its_deadline_records_deadline_exceeded(spans: Any) -> None:
+    def slow(x: int) -> int:
+        while not ringwire.call_cancelled():
+            time.sleep(0.01)
+        return x
+
+    a, b = ringwire.pair()
+    box: dict[str, Any] = {}
+
+    def server() -> None:
+        with b.connect_sync() as chan:
+            try:
+                serve_sync(chan, slow)
+            except Exception as exc:  # pragma: no cover - reported below
+                box["error"] = exc
+
+    thread = threading.Thread(target=server, daemon=True)
+    thread.start()
+    with a.connect_sync() as chan:
+        chan.send([1, 1, 0.2, 5, None, [TP]])
+        reply = chan.receive(timeout=10)
+    thread.join(10)
+    assert not thread.is_alive() and "error" not in box
+    assert reply[0] == 3 and reply[4][0] == "DeadlineExceeded" and len(reply[6]) == 2
+    served = spans()["ringwire.serve int"]
+    assert served.status.status_code == StatusCode.ERROR
 
 
 async def echo_int(x: int) -> int:
