@@ -60,6 +60,13 @@ connection: the side that saw it aborts the channel with the reason (the peer ge
 ``BrokenResourceError`` carrying it) and raises :class:`~ringwire.ProtocolError`
 (server) or fails every call with ``BrokenResourceError`` caused by it (client).
 
+**Tracing and timings.**  A CALL may carry the caller's W3C trace context
+(``trace``), and then its answer carries the server's ``[queued, handled]`` seconds
+(``timing``: :meth:`ServerCore.timed`, from ``Job.received`` / ``Job.started``).  What
+spans that makes, and the client's ``on_timing`` hook that gets ``(queued, wire,
+handled)`` per answered call, are :mod:`ringwire._conn.tracing`'s; an untraced call
+pays one check in the drivers and nothing here.
+
 The states of a call:
 
 ============  ===============================  =======================================
@@ -88,7 +95,7 @@ from __future__ import annotations
 import collections
 import inspect
 import logging
-from typing import Any, Generic, Optional, Protocol, TypeVar
+from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
 
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
@@ -102,6 +109,7 @@ from .._wire.envelope import (
     REPLY,
     Envelope,
     ErrorInfo,
+    TracedEnvelope,
     envelope_type,
     error_info,
     remote_error,
@@ -187,10 +195,13 @@ class ClientCore:
     due.  A method that returns a :class:`ProtocolError` has failed every call; the
     driver aborts the channel with ``str()`` of it."""
 
-    __slots__ = ("deferred", "failure", "next_id", "peer_pid", "pending")
+    __slots__ = ("deferred", "failure", "next_id", "on_timing", "peer_pid", "pending")
 
     def __init__(self, peer_pid: int) -> None:
         self.peer_pid = peer_pid
+        # called with (queued, wire, handled) seconds per answered call whose server
+        # reports them; set, calls ask for them (see ringwire._conn.tracing)
+        self.on_timing: Callable[[float, float, float], None] | None = None
         self.pending: dict[int, Waiter] = {}
         self.next_id = 1
         self.failure: tuple[type[Exception], str, BaseException | None] | None = None
@@ -366,13 +377,32 @@ class ServerBase(Generic[_Chan]):
 class Job:
     """One admitted call."""
 
-    __slots__ = ("cancelled", "deadline", "id", "payload", "received", "state", "worker")
+    __slots__ = (
+        "cancelled",
+        "deadline",
+        "id",
+        "payload",
+        "received",
+        "started",
+        "state",
+        "trace",
+        "worker",
+    )
 
-    def __init__(self, cid: int, payload: Any, received: float, deadline: float | None) -> None:
+    def __init__(
+        self,
+        cid: int,
+        payload: Any,
+        received: float,
+        deadline: float | None,
+        trace: list[str] | None = None,
+    ) -> None:
         self.id = cid
         self.payload = payload
         self.received = received
         self.deadline = deadline  # on the driver's clock, as ``received``
+        self.trace = trace  # the CALL's trace context (not None: answer with timing)
+        self.started: float | None = None  # when its handler started (traced calls only)
         self.state = QUEUED
         self.cancelled = False  # by the client
         self.worker: Worker | None = None
@@ -441,7 +471,9 @@ class ServerCore:
             if cid in self.jobs:
                 raise self.violation(f"call id {cid} again while that call is in flight")
             tl = env.time_left
-            job = Job(cid, env.payload, now, None if tl is None else now + tl)
+            job = Job(
+                cid, env.payload, now, None if tl is None else now + tl, getattr(env, "trace", None)
+            )
             self.jobs[cid] = job
             if self.idle:  # hand it to an idle worker
                 me = self.idle.pop()
@@ -527,6 +559,21 @@ class ServerCore:
             )
         return Envelope(
             ERROR, job.id, None, None, ErrorInfo(DEADLINE_TYPE, f"call {job.id}: {what}")
+        )
+
+    @staticmethod
+    def timed(job: Job, out: Envelope, now: float) -> Envelope:
+        """``out``, the answer to a call that carried ``trace``, with the server's
+        ``timing``: ``[queued, handled]`` seconds (a call never started: all queued)."""
+        started = now if job.started is None else job.started
+        return TracedEnvelope(
+            out.kind,
+            out.id,
+            None,
+            out.payload,
+            out.error,
+            None,
+            [max(0.0, started - job.received), max(0.0, now - started)],
         )
 
     @staticmethod

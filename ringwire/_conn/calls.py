@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import math
+import sys
 from typing import Any, Callable, Optional
 
 import anyio
@@ -40,6 +41,7 @@ from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBl
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
 from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
+from . import tracing
 from .async_channel import Channel
 from .callcore import (
     CANCEL_RUNNING,
@@ -202,6 +204,13 @@ class Client(ClientBase[Channel]):
             raise core.failure_exc()
         if sender is None:
             raise RuntimeError("use the client inside `async with Client(channel) as client:`")
+        if core.on_timing is not None or tracing.OTEL_TRACE in sys.modules:
+            tr = tracing.call_trace(
+                tracing.OTEL_TRACE in sys.modules, core.on_timing, self._chan.peer_pid
+            )
+            if tr is not None:
+                with tr:
+                    return await self._traced(sender, request, timeout, tr)
         if timeout is None:
             return await self._call(sender, request, None, None)
         if timeout <= 0:
@@ -214,11 +223,32 @@ class Client(ClientBase[Channel]):
             return await self._call(sender, request, deadline, None)
         raise timed_out(timeout)
 
+    async def _traced(
+        self, sender: _Sender, request: Any, timeout: float | None, tr: tracing.CallTrace
+    ) -> Any:
+        """:meth:`call` of a traced (or timed) call: ``tr`` makes its CALL."""
+        if timeout is None:
+            return await self._call(sender, request, None, None, tr)
+        if timeout <= 0:
+            raise no_time(timeout)
+        loop = self._loop
+        if loop is not None:
+            return await self._call(sender, request, loop.time() + timeout, timeout, tr)
+        deadline = anyio.current_time() + timeout
+        with anyio.CancelScope(deadline=deadline):
+            return await self._call(sender, request, deadline, None, tr)
+        raise timed_out(timeout)
+
     async def _call(
-        self, sender: _Sender, request: Any, deadline: float | None, timer: float | None
+        self,
+        sender: _Sender,
+        request: Any,
+        deadline: float | None,
+        timer: float | None,
+        tr: tracing.CallTrace | None = None,
     ) -> Any:
         """One call; with ``timer`` (asyncio) it times out at ``deadline`` by itself,
-        else the caller's cancel scope does it."""
+        else the caller's cancel scope does it.  ``tr``: a traced call's trace."""
         core = self._core
         loop = self._loop
         w = _Waiter(loop)
@@ -230,7 +260,13 @@ class Client(ClientBase[Channel]):
         sending = True
         handle = None
         try:
-            await sender.send(Envelope(CALL, cid, time_left, request), timer and deadline)
+            env = (
+                Envelope(CALL, cid, time_left, request)
+                if tr is None
+                else tr.envelope(cid, time_left, request)
+            )
+            await sender.send(env, timer and deadline)
+            del env
             sending = False
             if w.fut is not None:
                 if timer is not None:
@@ -253,6 +289,8 @@ class Client(ClientBase[Channel]):
         finally:
             if handle is not None:
                 handle.cancel()
+        if tr is not None:
+            tr.answered(w.env)
         return outcome(w)
 
     def _expire(self, cid: int, w: _Waiter, timeout: float) -> None:
@@ -445,6 +483,8 @@ class _Server(ServerBase[Channel]):
                 return refused
             scope.deadline = job.deadline
         payload, job.payload = job.payload, None
+        if job.trace is not None:
+            return await self.attempt_traced(me, payload)
         me.in_handler = True
         try:
             if self.blocking:
@@ -459,7 +499,50 @@ class _Server(ServerBase[Channel]):
                 scope.deadline = math.inf
         return Envelope(REPLY, job.id, None, result)
 
+    async def attempt_traced(self, me: Worker, payload: Any) -> Envelope | None:
+        """:meth:`attempt` of a call that carried ``trace``: its handler runs in a
+        ``ringwire.serve <type>`` span continuing the caller's context (see
+        :mod:`ringwire._conn.tracing`), which ends with the answer."""
+        job = me.job
+        scope = me.scope
+        job.started = now = self.now()
+        assert job.trace is not None
+        span = tracing.serve_span(job.trace, payload, job.id, now - job.received)
+        out: Envelope | None = None
+        failure: Exception | None = None
+        me.in_handler = True
+        try:
+            if span is not None:
+                span.enter()
+            if self.blocking:
+                result = await anyio.to_thread.run_sync(self.handler, payload, limiter=self.limiter)
+            else:
+                result = await self.handler(payload)
+            out = Envelope(REPLY, job.id, None, result)
+        except Exception as exc:
+            out = self.core.raised(job, exc)
+            failure = exc
+        except BaseException as exc:  # cancelled: by the client, or at the deadline
+            if span is not None:
+                now = self.now()
+                if job.cancelled or job.deadline is None or now < job.deadline:
+                    span.end(exc, cancelled=True)  # (or serving ended)
+                else:
+                    span.answer(self.core.deadline_error(job, now, True))
+                span = None
+            raise
+        finally:
+            me.in_handler = False
+            if job.deadline is not None:
+                scope.deadline = math.inf
+            if span is not None:
+                span.answer(out, failure)
+            del failure
+        return out
+
     async def answer(self, job: Job, out: Envelope | None) -> None:
+        if out is not None and job.trace is not None:
+            out = ServerCore.timed(job, out, self.now())
         try:
             if out is not None:
                 await self.reply(out)

@@ -29,6 +29,7 @@ not sent (a call past its deadline is answered ``DeadlineExceeded``) -- what asy
 from __future__ import annotations
 
 import builtins
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -36,7 +37,8 @@ from typing import Any, Callable, Optional
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
-from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
+from .._wire.envelope import CALL, CANCEL, ERROR, REPLY, Envelope
+from . import tracing
 from .callcore import (
     DEFAULT_CONCURRENCY,
     POLL_PEER_S,
@@ -116,47 +118,69 @@ class SyncClient(ClientBase[SyncChannel]):
         :class:`DeadlineExceeded`, ``BrokenResourceError`` (every waiting call at once
         when the server dies), ``ClosedResourceError`` after :meth:`close`, and what
         ``SyncChannel.send`` raises for a request that cannot be sent."""
-        if timeout is not None and timeout <= 0:
-            raise no_time(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        cv, core = self._cv, self._core
-        slot = _Slot()
-        with cv:
-            cid = core.open(slot)
-        if core.deferred:
-            self._flush_cancels()
-        left = None if deadline is None else deadline - time.monotonic()
+        core = self._core
+        tr = None  # a traced (or timed) call's trace; its span ends with the call
+        if core.on_timing is not None or tracing.OTEL_TRACE in sys.modules:
+            tr = tracing.call_trace(
+                tracing.OTEL_TRACE in sys.modules, core.on_timing, self._chan.peer_pid
+            )
         try:
-            self._chan.send(Envelope(CALL, cid, left, request), left)
-        except Exception as exc:  # not sent (a timeout included)
+            if timeout is not None and timeout <= 0:
+                raise no_time(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            cv, core = self._cv, self._core
+            slot = _Slot()
             with cv:
-                core.forget(cid, slot)
-            if isinstance(exc, TimeoutError) and timeout is not None:
-                raise timed_out(timeout) from None  # (no room before the deadline)
+                cid = core.open(slot)
+            if core.deferred:
+                self._flush_cancels()
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                env = (
+                    Envelope(CALL, cid, left, request)
+                    if tr is None
+                    else tr.envelope(cid, left, request)
+                )
+                self._chan.send(env, left)
+                del env
+            except Exception as exc:  # not sent (a timeout included)
+                with cv:
+                    core.forget(cid, slot)
+                if isinstance(exc, TimeoutError) and timeout is not None:
+                    raise timed_out(timeout) from None  # (no room before the deadline)
+                raise
+            except BaseException:  # KeyboardInterrupt: it may have been sent
+                self._abandon(cid, slot)
+                raise
+            try:
+                with cv:
+                    while slot.env is None and slot.error is None:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            if core.forget(cid, slot):
+                                core.deferred.append(cid)
+                            break
+                        if self._receiving:
+                            cv.wait(left)
+                        else:
+                            self._receive(left)
+            except BaseException:
+                self._abandon(cid, slot)
+                raise
+            if slot.env is None and slot.error is None:
+                assert timeout is not None
+                self._flush_cancels()
+                raise timed_out(timeout)
+            if tr is not None:
+                tr.answered(slot.env)
+                reply = outcome(slot)  # (a RemoteError raised: recorded below)
+                tr.end(None)
+                return reply
+            return outcome(slot)
+        except BaseException as exc:
+            if tr is not None:
+                tr.end(exc)
             raise
-        except BaseException:  # KeyboardInterrupt: it may have been sent
-            self._abandon(cid, slot)
-            raise
-        try:
-            with cv:
-                while slot.env is None and slot.error is None:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        if core.forget(cid, slot):
-                            core.deferred.append(cid)
-                        break
-                    if self._receiving:
-                        cv.wait(left)
-                    else:
-                        self._receive(left)
-        except BaseException:
-            self._abandon(cid, slot)
-            raise
-        if slot.env is None and slot.error is None:
-            assert timeout is not None
-            self._flush_cancels()
-            raise timed_out(timeout)
-        return outcome(slot)
 
     def _abandon(self, cid: int, slot: _Slot) -> None:
         with self._cv:
@@ -366,20 +390,37 @@ class _SyncServer(ServerBase[SyncChannel]):
             if refused is not None:
                 return refused
         payload, job.payload = job.payload, None
+        span = None
+        if job.trace is not None:
+            job.started = now = time.monotonic()
+            span = tracing.serve_span(job.trace, payload, job.id, now - job.received)
+            if span is not None:
+                span.enter()
         _running.job = job
+        out: Envelope | None = None
+        failure: Exception | None = None
         try:
             out = Envelope(REPLY, job.id, None, self.handler(payload))
         except Exception as exc:
             out = core.raised(job, exc)
+            failure = exc
         finally:
             _running.job = None
             del payload
+            if span is not None and out is None:  # (a KeyboardInterrupt, SystemExit)
+                span.end(None, cancelled=True)
+                span = None
         if job.cancelled:
-            return None
-        if job.deadline is not None:
+            out = None
+        elif job.deadline is not None:
             now = time.monotonic()
             if now >= job.deadline:
-                return core.deadline_error(job, now, started=True)
+                out = core.deadline_error(job, now, started=True)
+        if span is not None:
+            span.answer(out, failure if out is not None and out.kind == ERROR else None)
+        del failure
+        if out is not None and job.trace is not None:
+            out = ServerCore.timed(job, out, time.monotonic())
         return out
 
     def reply(self, env: Envelope) -> None:

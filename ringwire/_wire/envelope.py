@@ -18,11 +18,24 @@ is one :class:`Envelope`, an array-like msgpack record of five positions::
                arrays and tensors included (by slot reference or inline, as the
                channel places them)
     error      ERROR only: ``[type name, message, details]``, details a map or nil
+    trace      CALL only: the caller's W3C trace context, ``[traceparent]`` or
+               ``[traceparent, tracestate]`` (the two headers' values), when a span was
+               current as it called; ``[]``: no context, but the caller asks for the
+               hop's timings.  Nil or absent: neither (the server adds nothing)
+    timing     REPLY / ERROR only, when the CALL carried ``trace``: the server's
+               ``[queued, handled]`` seconds -- how long the call waited for a handler
+               (arrival to start) and how long it was handled (start to the answer);
+               the caller's round trip less these is the time on the wire
 
 Positions are append-only (a later version may add fields at the end; a decoder
 ignores positions it does not know).  Decoding is typed: a ``kind`` outside 1..4, an
 ``id`` below 1, a non-finite or absurd ``time_left`` or a payload of the wrong type is
 a :class:`~ringwire.DecodeError`, which the call layer treats as a broken connection.
+An untraced call and its answer are the five-position forms, byte for byte as before
+tracing existed; a peer that predates ``trace`` and ``timing`` ignores them (so it
+neither continues the trace nor reports timings), and a traced caller of such a server
+simply gets no ``timing`` back.  A ``trace`` whose traceparent does not parse is not an
+error: the server starts a new trace (the W3C rule).
 
 This module does no I/O.
 """
@@ -43,6 +56,7 @@ __all__ = [
     "KIND_NAMES",
     "REPLY",
     "Envelope",
+    "TracedEnvelope",
     "ErrorInfo",
     "envelope_type",
     "error_info",
@@ -59,6 +73,15 @@ _MAX_MESSAGE = 16 << 10  # an error message longer than this is cut
 Kind = Annotated[int, msgspec.Meta(ge=CALL, le=CANCEL)]
 CallId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 TimeLeft = Optional[Annotated[float, msgspec.Meta(ge=-_MAX_TIME_LEFT, le=_MAX_TIME_LEFT)]]
+# bounded, but loosely: a later version may append (baggage, more timings)
+Trace = Optional[
+    Annotated[list[Annotated[str, msgspec.Meta(max_length=8192)]], msgspec.Meta(max_length=16)]
+]
+Timing = Optional[
+    Annotated[
+        list[Annotated[float, msgspec.Meta(ge=0.0, le=_MAX_TIME_LEFT)]], msgspec.Meta(max_length=16)
+    ]
+]
 
 
 class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):
@@ -81,12 +104,22 @@ class Envelope(msgspec.Struct, array_like=True):
     error: Optional[ErrorInfo] = None
 
 
-_TYPES: dict[Any, type] = {Any: Envelope, object: Envelope}
+class TracedEnvelope(Envelope, array_like=True):
+    """An :class:`Envelope` with the tracing positions: a traced CALL (``trace``) or the
+    answer to one (``timing``).  Only ever sent: every envelope is received as
+    :func:`envelope_type`, which has all seven positions (absent ones nil)."""
+
+    trace: Optional[list[str]] = None
+    timing: Optional[list[float]] = None
+
+
+_TYPES: dict[Any, type] = {}
 
 
 def envelope_type(payload_type: Any) -> type:
     """The envelope class that decodes its payload as ``payload_type`` (``Any``: as
-    the codec decodes untyped values).  One class per type, made once.  Raises
+    the codec decodes untyped values), with all seven positions (the ones a peer did
+    not send are nil).  One class per type, made once.  Raises
     ``TypeError`` for a type msgspec cannot decode (for instance a union of two
     untagged record classes)."""
     try:
@@ -109,6 +142,8 @@ def _make(payload_type: Any) -> type:
             ("time_left", TimeLeft, None),
             ("payload", Optional[payload_type], None),
             ("error", Optional[ErrorInfo], None),
+            ("trace", Trace, None),
+            ("timing", Timing, None),
         ],
         array_like=True,
         module=__name__,
