@@ -72,8 +72,6 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import posix_ipc
-
 from .._errors import (
     HandshakeError,
     ProtocolError,
@@ -107,9 +105,9 @@ from .._wire.control import (
 )
 from .._wire.ring import init_ring, validate_capacity
 from .._wire.slotlayout import init_pool, pool_size
-from .broadcast_pool import LANE_SIZE, BroadcastPool
+from .broadcast_pool import LANE_SIZE, BroadcastPool, passable_segment
 from .broadcast_reader import NullReader
-from .sockets import bind_unix_socket, check_peer
+from .sockets import bind_unix_socket, check_peer, ring_at
 
 __all__ = ["BroadcastHub", "ReaderEvent"]
 
@@ -121,15 +119,6 @@ _REMOTE = object()
 
 def _ignore(event: ReaderEvent) -> None:
     pass
-
-
-def _ring_at(wake: socket.socket, when: float, closing: threading.Event) -> None:
-    """(A thread) Ring ``wake`` at ``when``, unless the hub closes first."""
-    if not closing.wait(max(0.0, when - time.monotonic()) + 0.01):
-        try:
-            wake.send(b"w")
-        except OSError:
-            pass
 
 
 class ReaderEvent(NamedTuple):
@@ -160,29 +149,6 @@ class _Conn:
         self.msgs: MessageReader | None = MessageReader()
         self.control = ControlReader()
         self.deadline = deadline  # for the join handshake
-
-
-def _passable(size: int) -> tuple[Segment, int]:
-    """A new segment of ``size`` bytes without a name (a memory file, or a named
-    segment whose name is already gone), and a descriptor of it to hand to readers
-    (the mapping and the descriptor keep the memory)."""
-    seg = Segment.create(size)
-    if seg.kind == "memfd":
-        fd = seg.fd
-        seg.fd = -1  # the hub's now
-        return seg, fd
-    try:
-        shm = posix_ipc.SharedMemory(seg.name)
-        try:
-            fd = os.dup(shm.fd)
-        finally:
-            shm.close_fd()
-    except BaseException:
-        seg.unlink()
-        seg.close()
-        raise
-    seg.unlink()
-    return seg, fd
 
 
 class BroadcastHub:
@@ -232,7 +198,7 @@ class BroadcastHub:
         self._sock = bind_unix_socket(path)
         try:
             sweep()  # names of dead processes (a writer killed between create and unlink)
-            seg, fd = _passable(size)
+            seg, fd = passable_segment(size)
             self._segs.append(seg)
             self._fds.append(fd)
             init_broadcast_ring(seg.buf, 0, capacity, readers)
@@ -261,7 +227,7 @@ class BroadcastHub:
     def _make_pool(self, config: SlotConfig) -> BroadcastPool:
         psize = pool_size(config.classes)
         try:
-            seg, fd = _passable(psize + (1 + self.readers) * LANE_SIZE)
+            seg, fd = passable_segment(psize + (1 + self.readers) * LANE_SIZE)
         except SharedMemoryFull as exc:
             raise SharedMemoryFull(
                 f"{exc}; this is a broadcast's tensor-slot pool ({config.describe()}): "
@@ -405,7 +371,7 @@ class BroadcastHub:
             return  # (a thread will ring at or before then)
         self._alarm = when
         threading.Thread(
-            target=_ring_at,
+            target=ring_at,
             args=(self._wake_w, when, self._closing),  # (not the hub: it may be collected)
             name="ringwire-broadcast-deadline",
             daemon=True,

@@ -54,9 +54,12 @@ into *another* reader's lane; readers of one broadcast are one application's ran
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import posix_ipc
 
 from .._errors import RingCorrupted, SlotRefused
 from .._pool.arena import BIG_HI, ArenaFile, big_tag
@@ -68,7 +71,7 @@ from .._wire.ring import RingReader, init_ring, ring_size
 from .._wire.slotlayout import PoolLayout
 from .sendpool import ShmSendPool
 
-__all__ = ["LANE_SIZE", "BroadcastPool", "lane_offset"]
+__all__ = ["LANE_SIZE", "BroadcastPool", "lane_offset", "passable_segment"]
 
 logger = logging.getLogger("ringwire")
 LANE_SIZE = ring_size(RELEASE_CAPACITY)
@@ -356,3 +359,26 @@ class BroadcastPool:
         self.lanes.clear()
         self.holders.clear()
         self.send.close()
+
+
+def passable_segment(size: int) -> tuple[Segment, int]:
+    """A new segment of ``size`` bytes without a name (a memory file, or a named
+    segment whose name is already gone), and a descriptor of it to hand to readers
+    (the mapping and the descriptor keep the memory)."""
+    seg = Segment.create(size)
+    if seg.kind == "memfd":
+        fd = seg.fd
+        seg.fd = -1  # the hub's now
+        return seg, fd
+    try:
+        shm = posix_ipc.SharedMemory(seg.name)
+        try:
+            fd = os.dup(shm.fd)
+        finally:
+            shm.close_fd()
+    except BaseException:
+        seg.unlink()
+        seg.close()
+        raise
+    seg.unlink()
+    return seg, fd

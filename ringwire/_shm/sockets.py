@@ -21,6 +21,7 @@ import select
 import socket
 import stat
 import struct
+import threading
 import time
 from collections.abc import Callable, Generator
 from typing import TypeVar
@@ -32,6 +33,7 @@ from .._wire.control import DOORBELL_SPACE, ControlReader, encode_abort
 
 __all__ = [
     "ControlSocketEnd",
+    "ring_at",
     "Step",
     "bind_unix_socket",
     "check_peer",
@@ -338,3 +340,12 @@ async def drive_handshake_async(
         return result
     finally:
         steps.close()
+
+
+def ring_at(wake: socket.socket, when: float, closing: threading.Event) -> None:
+    """(A thread) Ring ``wake`` at ``when``, unless the hub closes first."""
+    if not closing.wait(max(0.0, when - time.monotonic()) + 0.01):
+        try:
+            wake.send(b"w")
+        except OSError:
+            pass
