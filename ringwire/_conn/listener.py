@@ -46,6 +46,7 @@ from .netconn import (
     check_heartbeat,
     open_acceptor,
 )
+from .observed import track
 from .options import DEFAULT_HANDSHAKE_TIMEOUT, check_options, receiving
 from .statistics import ListenerStatistics
 
@@ -160,6 +161,7 @@ class ListenerBase(Generic[_Ch, _C]):
         self._closed = False
         self._accepted = self._refused = self._broken = self._ended = 0
         self._open()
+        track(self, None, "listener")
 
     def _open(self) -> None:
         """The driver's own state (a blocking listener binds its address here)."""
@@ -186,6 +188,25 @@ class ListenerBase(Generic[_Ch, _C]):
                 broken=self._broken,
                 ended=self._ended,
             )
+
+    @property
+    def closed(self) -> bool:
+        """Was this listener closed?"""
+        return self._closed
+
+    def counters(self) -> ListenerStatistics:
+        """:meth:`statistics` without pruning the fan-in: it changes nothing, so any
+        thread may call it (the metrics collector does); a connection closed and not
+        pruned yet counts as ended."""
+        conns = list(self._conns)
+        ended = sum(1 for c in conns if c.core.closed)
+        return ListenerStatistics(
+            open_connections=len(conns) - ended,
+            accepted=self._accepted,
+            refused=self._refused,
+            broken=self._broken,
+            ended=self._ended + ended,
+        )
 
     def _prune(self) -> list[_C]:
         """(Under ``_guard``.)  Connections their user closed (taken with accept(), say)
