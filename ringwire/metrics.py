@@ -27,7 +27,11 @@ per class (``slot_size``) / loaned / released / reclaimed, inline fallbacks, slo
 waits, received arrays held and releases pending, errors by kind
 (``ringwire_errors_total{error=...}``), a listener's connections, a broadcast's
 readers, joins, leaves and stalls and, per reader (``rank``), its unread bytes and
-slots held, and the call timings histogram ``ringwire_call_seconds{part=...}``.
+slots held, and two histograms: ``ringwire_call_seconds{role, part}`` (a call's round
+trip and its parts: queued, wire, handled) and ``ringwire_hop_latency_seconds`` (a
+record's publish -> receive), fed by the call layer and by receivers of records that
+carry their publish time (:func:`ringwire._conn.observed.call_timed` /
+``hop_timed``), recorded only while an exporter is registered.
 :data:`FAMILIES` lists them all with their help text.
 
 Labels stay bounded: ``endpoint`` (the path or name the endpoint was made with),
@@ -85,7 +89,7 @@ def _exporter_off() -> None:
         if _exporters <= 0:
             _exporters = 0
             observed.recording = False
-            observed.reset_call_timings()
+            observed.reset_timings()
 
 
 def samples() -> list[Sample]:
@@ -191,8 +195,8 @@ def _otel_name(name: str) -> str:
 
 class OtelMetrics:
     """ringwire's OpenTelemetry instruments on one meter (made by :func:`otel`):
-    observable counters and gauges read at each collection, and a histogram of call
-    timings.  :meth:`close` stops them reporting (the API cannot remove an
+    observable counters and gauges read at each collection, and the timing
+    histograms (calls, hops).  :meth:`close` stops them reporting (the API cannot remove an
     instrument); it is idempotent."""
 
     _TTL = 0.2  # one snapshot serves every instrument's callback of one collection
@@ -218,13 +222,12 @@ class OtelMetrics:
                 unit=fam.unit,
                 description=fam.help,
             )
-        self._calls = meter.create_histogram(
-            _otel_name("ringwire_call_seconds"),
-            unit="s",
-            description=FAMILIES["ringwire_call_seconds"].help,
-        )
-        self.instruments["ringwire_call_seconds"] = self._calls
-        observed.on_call_timed.append(self._record_call)
+        self._histograms: dict[str, Any] = {}
+        for name in observed.TIMING_FAMILIES:
+            self._histograms[name] = self.instruments[name] = meter.create_histogram(
+                _otel_name(name), unit="s", description=FAMILIES[name].help
+            )
+        observed.on_timed.append(self._record)
         _exporter_on()
 
     def _snapshot(self) -> dict[str, list[Sample]]:
@@ -249,8 +252,9 @@ class OtelMetrics:
 
         return observe
 
-    def _record_call(self, endpoint: str, role: str, part: str, seconds: float) -> None:
-        self._calls.record(seconds, {"endpoint": endpoint, "role": role, "part": part})
+    def _record(self, family: str, labels: tuple[str, ...], seconds: float) -> None:
+        names = FAMILIES[family].labels
+        self._histograms[family].record(seconds, dict(zip(names, labels)))
 
     def close(self) -> None:
         """Stop reporting: the callbacks observe nothing, the call histogram records
@@ -259,7 +263,7 @@ class OtelMetrics:
             return
         self._closed = True
         try:
-            observed.on_call_timed.remove(self._record_call)
+            observed.on_timed.remove(self._record)
         except ValueError:  # pragma: no cover
             pass
         _exporter_off()

@@ -30,10 +30,12 @@ Invariants
   kind, its peer's pid), a direction, a slot class size, a broadcast rank, a call
   part or an error kind -- never a record or a request.  Two live endpoints with the
   same labels (two connections from one process to one path) are summed.
-* **Call timings** (:func:`call_timed`) are the one thing recorded per event: a
-  fixed-bucket histogram per (endpoint, role, part), and only while an exporter is
-  on (:data:`recording`); the call layer checks that flag first, so with no exporter
-  the cost is one attribute load.
+* **Timings** (:func:`call_timed`, :func:`hop_timed`) are the one thing recorded per
+  event: a fixed-bucket histogram per label set, and only while an exporter is on
+  (:data:`recording`); the caller checks that flag first, so with no exporter the
+  cost is one attribute load.  Nothing in this slice calls them yet: the call layer
+  (ringwire/_conn/callcore.py) and a receiver that learns a record's publish time
+  (an opt-in per-record context) are their callers.
 """
 
 from __future__ import annotations
@@ -53,11 +55,14 @@ __all__ = [
     "LATENCY_BUCKETS",
     "Family",
     "Sample",
+    "TIMING_FAMILIES",
     "call_timed",
-    "call_timings",
-    "on_call_timed",
+    "hop_timed",
+    "on_timed",
     "recording",
+    "reset_timings",
     "samples",
+    "timings",
     "track",
     "tracked_count",
 ]
@@ -207,6 +212,13 @@ FAMILIES: dict[str, Family] = {
         "s",
         ("endpoint", "role", "part"),
     ),
+    "ringwire_hop_latency_seconds": Family(
+        "histogram",
+        "Records' hops, publish -> receive on one host (only for records that carry "
+        "their publish time).",
+        "s",
+        ("endpoint", "kind"),
+    ),
 }
 
 
@@ -287,7 +299,7 @@ def samples() -> list[Sample]:
                 k = (s.family, s.labels)
                 totals[k] = totals.get(k, 0) + s.value
         out = [Sample(f, labels, v) for (f, labels), v in totals.items()]
-        out += call_timings()
+        out += timings()
     return out
 
 
@@ -388,17 +400,20 @@ def _read_listener(owner: Any) -> Iterator[Sample]:
     yield Sample("ringwire_errors_total", (*e, "broken"), st.broken)
 
 
-# -- call timings (the one thing recorded per event; only while an exporter is on) ----
+# -- timings (the one thing recorded per event; only while an exporter is on) ---------
 
 recording = False
-"""Set by :mod:`ringwire.metrics` while an exporter is registered: the call layer
-calls :func:`call_timed` only then."""
+"""Set by :mod:`ringwire.metrics` while an exporter is registered: the call layer (and
+a receiver that knows a record's publish time) calls :func:`call_timed` /
+:func:`hop_timed` only then: ``if observed.recording: observed.call_timed(...)``."""
 
-on_call_timed: list[Callable[[str, str, str, float], None]] = []
-"""Further sinks of every timing (the OpenTelemetry exporter's histogram)."""
+on_timed: list[Callable[[str, tuple[str, ...], float], None]] = []
+"""Further sinks of every timing: ``(family, label values, seconds)`` (the
+OpenTelemetry exporter's histograms)."""
 
-_calls: dict[tuple[str, str, str], list[Any]] = {}  # labels -> [bucket counts, sum]
-_calls_lock = threading.Lock()
+TIMING_FAMILIES = ("ringwire_call_seconds", "ringwire_hop_latency_seconds")
+_timings: dict[tuple[str, tuple[str, ...]], list[Any]] = {}  # -> [bucket counts, sum]
+_timings_lock = threading.Lock()
 
 
 def call_timed(endpoint: str, role: str, part: str, seconds: float) -> None:
@@ -411,34 +426,47 @@ def call_timed(endpoint: str, role: str, part: str, seconds: float) -> None:
             f"part must be one of {CALL_PARTS} and role 'client' or 'server', not "
             f"{part!r} / {role!r}"
         )
+    _timed("ringwire_call_seconds", (endpoint, role, part), seconds)
+
+
+def hop_timed(endpoint: str, kind: str, seconds: float) -> None:
+    """Record one record's hop, publish -> receive on one host, received on
+    ``endpoint`` (its name) of ``kind`` ("channel" or "subscriber").  Call it only
+    while :data:`recording` is true.  Raises ``ValueError`` for another kind."""
+    if kind not in ("channel", "subscriber"):
+        raise ValueError(f"kind must be 'channel' or 'subscriber', not {kind!r}")
+    _timed("ringwire_hop_latency_seconds", (endpoint, kind), seconds)
+
+
+def _timed(family: str, labels: tuple[str, ...], seconds: float) -> None:
     i = bisect.bisect_left(LATENCY_BUCKETS, seconds)
-    key = (endpoint, role, part)
-    with _calls_lock:
-        h = _calls.get(key)
+    key = (family, labels)
+    with _timings_lock:
+        h = _timings.get(key)
         if h is None:
-            h = _calls[key] = [[0] * (len(LATENCY_BUCKETS) + 1), 0.0]
+            h = _timings[key] = [[0] * (len(LATENCY_BUCKETS) + 1), 0.0]
         h[0][i] += 1
         h[1] += seconds
-    for sink in on_call_timed:
-        sink(endpoint, role, part, seconds)
+    for sink in on_timed:
+        sink(family, labels, seconds)
 
 
-def call_timings() -> list[Sample]:
-    """The call histograms: per (endpoint, role, part), cumulative bucket counts (the
+def timings() -> list[Sample]:
+    """The timing histograms: per family and labels, cumulative bucket counts (the
     last is +Inf) and the sum."""
-    with _calls_lock:
-        items = [(k, list(h[0]), h[1]) for k, h in _calls.items()]
+    with _timings_lock:
+        items = [(k, list(h[0]), h[1]) for k, h in _timings.items()]
     out = []
-    for key, counts, total in items:
+    for (family, labels), counts, total in items:
         cumulative, n = [], 0
         for c in counts:
             n += c
             cumulative.append(n)
-        out.append(Sample("ringwire_call_seconds", key, (cumulative, total)))
+        out.append(Sample(family, labels, (cumulative, total)))
     return out
 
 
-def reset_call_timings() -> None:
-    """Forget every call timing (when the last exporter goes)."""
-    with _calls_lock:
-        _calls.clear()
+def reset_timings() -> None:
+    """Forget every timing (when the last exporter goes)."""
+    with _timings_lock:
+        _timings.clear()

@@ -329,6 +329,30 @@ async def test_calls_channels_and_the_call_timings_hook(registry: Any) -> None:
     assert not series(got, endpoint="pair:client", kind="channel")
 
 
+def test_the_hop_latency_hook(registry: Any) -> None:
+    for sec in (1e-5, 4e-5, 4e-5, 2.0):
+        observed.hop_timed("/run/x.sock", "subscriber", sec)
+    got = scrape(registry)
+    labels = {"endpoint": "/run/x.sock", "kind": "subscriber"}
+    assert value(got, "ringwire_hop_latency_seconds_count", **labels) == 4
+    assert value(got, "ringwire_hop_latency_seconds_bucket", le="1e-05", **labels) == 1
+    assert value(got, "ringwire_hop_latency_seconds_bucket", le="5e-05", **labels) == 3
+    assert value(got, "ringwire_hop_latency_seconds_bucket", le="1.0", **labels) == 3
+    assert value(got, "ringwire_hop_latency_seconds_bucket", le="+Inf", **labels) == 4
+    with pytest.raises(ValueError, match="kind must be"):
+        observed.hop_timed("/run/x.sock", "request", 0.1)
+
+
+def test_timings_are_forgotten_when_the_last_exporter_goes() -> None:
+    reg = prometheus_client.CollectorRegistry()
+    c = ringwire.metrics.register(reg)
+    observed.hop_timed("/run/y.sock", "channel", 1e-4)
+    assert any(s.family == "ringwire_hop_latency_seconds" for s in ringwire.metrics.samples())
+    ringwire.metrics.unregister(c, reg)
+    assert not observed.recording
+    assert not observed.timings()
+
+
 # -- registration ---------------------------------------------------------------------------
 
 
@@ -445,7 +469,7 @@ def test_opentelemetry_observable_instruments(sync_pair: Any) -> None:
     finally:
         instruments.close()
         provider.shutdown()
-    assert not observed.on_call_timed
+    assert not observed.on_timed
 
 
 # -- without the optional packages ------------------------------------------------------------
