@@ -50,7 +50,7 @@ from .observed import track
 from .options import DEFAULT_HANDSHAKE_TIMEOUT, check_options, receiving
 from .statistics import ListenerStatistics
 
-__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "Listener", "ListenerBase", "listen"]
+__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "Listener", "ListenerBase", "listen", "listener_counters"]
 
 logger = logging.getLogger("ringwire")
 
@@ -161,7 +161,7 @@ class ListenerBase(Generic[_Ch, _C]):
         self._closed = False
         self._accepted = self._refused = self._broken = self._ended = 0
         self._open()
-        track(self, None, "listener")
+        track(self, None, "listener", listener_counters)
 
     def _open(self) -> None:
         """The driver's own state (a blocking listener binds its address here)."""
@@ -189,15 +189,10 @@ class ListenerBase(Generic[_Ch, _C]):
                 ended=self._ended,
             )
 
-    @property
-    def closed(self) -> bool:
-        """Was this listener closed?"""
-        return self._closed
-
-    def counters(self) -> ListenerStatistics:
-        """:meth:`statistics` without pruning the fan-in: it changes nothing, so any
-        thread may call it (the metrics collector does); a connection closed and not
-        pruned yet counts as ended."""
+    def _counters(self) -> ListenerStatistics | None:
+        """(See :func:`listener_counters`.)"""
+        if self._closed:
+            return None
         conns = list(self._conns)
         ended = sum(1 for c in conns if c.core.closed)
         return ListenerStatistics(
@@ -329,6 +324,14 @@ class ListenerBase(Generic[_Ch, _C]):
     def _unpark(cores: list[Endpoint]) -> None:
         for core in cores:
             core.unpark_rx()
+
+
+def listener_counters(listener: ListenerBase[Any, Any]) -> ListenerStatistics | None:
+    """``listener.statistics()`` without pruning its fan-in (``None`` once it is
+    closed): it changes nothing, so any thread may call it (the metrics collector,
+    :mod:`ringwire._conn.observed`, does); a connection closed and not pruned yet
+    counts as ended."""
+    return listener._counters()  # noqa: SLF001 (this module's own class)
 
 
 class Listener(ListenerBase[Channel, _Accepted]):

@@ -226,12 +226,19 @@ FAMILIES: dict[str, Family] = {
 
 
 class _Tracked:
-    __slots__ = ("core", "kind", "owner")
+    __slots__ = ("core", "kind", "owner", "read")
 
-    def __init__(self, owner: weakref.ref[Any], core: weakref.ref[Any] | None, kind: str):
+    def __init__(
+        self,
+        owner: weakref.ref[Any],
+        core: weakref.ref[Any] | None,
+        kind: str,
+        read: Callable[[Any], Any] | None,
+    ) -> None:
         self.owner = owner
         self.core = core
         self.kind = kind
+        self.read = read
 
 
 _live: dict[int, _Tracked] = {}
@@ -243,16 +250,21 @@ def _forget(key: int, ref: weakref.ref[Any]) -> None:
         del _live[key]
 
 
-def track(owner: Any, core: Any, kind: str) -> None:
-    """``owner`` (a driver; ``core`` its endpoint core, or ``None`` for a listener) is
-    live and of ``kind`` (one of :data:`KINDS`).  Keyed by the core: a subscriber, a
-    client or a server that wraps a channel re-tracks that channel's core under its
-    own kind.  Raises ``ValueError`` for an unknown kind."""
+def track(owner: Any, core: Any, kind: str, read: Callable[[Any], Any] | None = None) -> None:
+    """``owner`` (a driver; ``core`` its endpoint core) is live and of ``kind`` (one of
+    :data:`KINDS`).  Keyed by the core: a subscriber, a client or a server that wraps
+    a channel re-tracks that channel's core under its own kind.  A listener has no
+    core: it passes ``read``, ``read(owner)`` -> its :class:`ListenerStatistics`
+    without side effects, or ``None`` once closed.  Raises ``ValueError`` for an
+    unknown kind, or a listener without ``read``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if (kind == "listener") != (read is not None) or (core is None) != (kind == "listener"):
+        raise ValueError("a listener is tracked with read= and no core, anything else "
+                         "with its core and no read=")  # fmt: skip
     key = id(core if core is not None else owner)
     ref = weakref.ref(owner, functools.partial(_forget, key))
-    _live[key] = _Tracked(ref, weakref.ref(core) if core is not None else None, kind)
+    _live[key] = _Tracked(ref, weakref.ref(core) if core is not None else None, kind, read)
 
 
 def tracked_count() -> int:
@@ -284,13 +296,12 @@ def samples() -> list[Sample]:
             core = entry.core() if entry.core is not None else None
             if owner is None or (entry.core is not None and core is None):
                 continue
-            if _closed(entry.kind, owner, core):
-                if _live.get(key) is entry:
-                    _live.pop(key, None)
+            if core is not None and core.closed:
+                _drop(key, entry)
                 continue
             for attempt in (0, 1):
                 try:
-                    got = list(_read(entry.kind, owner, core))
+                    got = list(_read(entry, owner, core))
                     break
                 except (RuntimeError, ValueError, BufferError):
                     if attempt:
@@ -303,19 +314,22 @@ def samples() -> list[Sample]:
     return out
 
 
-def _closed(kind: str, owner: Any, core: Any) -> bool:
-    if kind == "listener":
-        return bool(owner.closed)
-    return bool(core.closed)
+def _drop(key: int, entry: _Tracked) -> None:
+    if _live.get(key) is entry:
+        _live.pop(key, None)
 
 
-def _read(kind: str, owner: Any, core: Any) -> Iterator[Sample]:
-    if kind == "listener":
-        yield from _read_listener(owner)
-    elif kind == "broadcast":
+def _read(entry: _Tracked, owner: Any, core: Any) -> Iterator[Sample]:
+    if entry.read is not None:
+        st = entry.read(owner)
+        if st is None:  # closed
+            _drop(id(owner), entry)
+        else:
+            yield from _read_listener(owner, st)
+    elif entry.kind == "broadcast":
         yield from _read_broadcast(core)
     else:
-        yield from _read_channel(kind, core)
+        yield from _read_channel(entry.kind, core)
 
 
 def _read_channel(kind: str, core: Any) -> Iterator[Sample]:
@@ -389,8 +403,7 @@ def _read_broadcast(core: Any) -> Iterator[Sample]:
         yield Sample("ringwire_reader_slots_held", r, info.slots_held)
 
 
-def _read_listener(owner: Any) -> Iterator[Sample]:
-    st = owner.counters()
+def _read_listener(owner: Any, st: Any) -> Iterator[Sample]:
     e = (str(owner.path), "listener", "")
     yield Sample("ringwire_open_endpoints", e, 1)
     yield Sample("ringwire_connections", e, st.open_connections)

@@ -174,16 +174,18 @@ def test_the_registry_is_weak(registry: Any) -> None:
     before = observed.tracked_count()
 
     class Owner:
-        closed = False
+        pass
 
-    owner = Owner()
-    observed.track(owner, None, "listener")
+    owner, core = Owner(), Owner()
+    observed.track(owner, core, "channel")
     assert observed.tracked_count() == before + 1
     del owner
     gc.collect()
     assert observed.tracked_count() == before
     with pytest.raises(ValueError, match="kind must be one of"):
-        observed.track(Owner(), None, "request")
+        observed.track(Owner(), core, "request")
+    with pytest.raises(ValueError, match="read="):
+        observed.track(Owner(), None, "listener")
 
 
 def test_label_sets_stay_bounded_however_many_records(registry: Any, sync_pair: Any) -> None:
