@@ -31,7 +31,9 @@ slots held, and two histograms: ``ringwire_call_seconds{role, part}`` (a call's 
 trip and its parts: queued, wire, handled) and ``ringwire_hop_latency_seconds`` (a
 record's publish -> receive), fed by the call layer and by receivers of records that
 carry their publish time (:func:`ringwire._conn.observed.call_timed` /
-``hop_timed``), recorded only while an exporter is registered.
+``hop_timed``), recorded only while an exporter is registered.  A client's or a
+server's channel is reported with ``kind="client"`` / ``"server"`` once the call layer
+marks it (``ringwire._conn.observed.mark(channel, "client")``).
 :data:`FAMILIES` lists them all with their help text.
 
 Labels stay bounded: ``endpoint`` (the path or name the endpoint was made with),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -58,6 +59,7 @@ __all__ = [
     "TIMING_FAMILIES",
     "call_timed",
     "hop_timed",
+    "mark",
     "on_timed",
     "recording",
     "reset_timings",
@@ -67,7 +69,10 @@ __all__ = [
     "tracked_count",
 ]
 
+logger = logging.getLogger("ringwire")
+
 KINDS = ("channel", "subscriber", "broadcast", "listener", "client", "server")
+CHANNEL_KINDS = ("channel", "subscriber", "client", "server")  # read as a channel
 CALL_PARTS = ("round_trip", "queued", "wire", "handled")
 # seconds: 10 us .. 10 s (a hop on one host is tens of microseconds; a call may be long)
 LATENCY_BUCKETS = (
@@ -267,6 +272,20 @@ def track(owner: Any, core: Any, kind: str, read: Callable[[Any], Any] | None = 
     _live[key] = _Tracked(ref, weakref.ref(core) if core is not None else None, kind, read)
 
 
+def mark(owner: Any, kind: str) -> bool:
+    """Report the tracked ``owner`` (a channel) as ``kind`` from now on: a
+    :class:`~ringwire.Client` or a server marks its channel "client" / "server".
+    Returns whether ``owner`` was tracked (``False``: closed, or never tracked).
+    Raises ``ValueError`` for a kind that is not a channel's."""
+    if kind not in CHANNEL_KINDS:
+        raise ValueError(f"a channel's kind is one of {CHANNEL_KINDS}, not {kind!r}")
+    for _, entry in _entries():
+        if entry.owner() is owner and entry.read is None:
+            entry.kind = kind
+            return True
+    return False
+
+
 def tracked_count() -> int:
     """How many endpoints are registered now (closed ones until the next scrape)."""
     return len(_live)
@@ -303,8 +322,9 @@ def samples() -> list[Sample]:
                 try:
                     got = list(_read(entry, owner, core))
                     break
-                except (RuntimeError, ValueError, BufferError):
+                except (RuntimeError, ValueError, BufferError) as exc:
                     if attempt:
+                        logger.debug("ringwire metrics: %s skipped this scrape: %r", owner, exc)
                         got = []
             for s in got:
                 k = (s.family, s.labels)

@@ -158,6 +158,25 @@ def test_a_scrape_touches_no_endpoint(
     assert value(got, "ringwire_slots_in_use", endpoint="pair:client") == 1
 
 
+def test_an_endpoint_closing_mid_read_is_skipped_not_fatal(
+    registry: Any, sync_pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = sync_pair
+    real = observed.channel_statistics
+
+    def racing(core: Any, *, settle: bool = True) -> Any:
+        if core.name == "pair:client":  # as if its memory were released under us
+            raise ValueError("operation forbidden on a released ring lane")
+        return real(core, settle=settle)
+
+    monkeypatch.setattr(observed, "channel_statistics", racing)
+    got = scrape(registry)
+    assert not series(got, endpoint="pair:client")
+    assert series(got, endpoint="pair:server")
+    monkeypatch.setattr(observed, "channel_statistics", real)
+    assert series(scrape(registry), endpoint="pair:client")  # still registered
+
+
 def test_a_closed_endpoint_disappears_from_the_scrape(registry: Any, sync_pair: Any) -> None:
     a, b = sync_pair
     a.send({"n": 1})
@@ -308,14 +327,22 @@ async def test_calls_channels_and_the_call_timings_hook(registry: Any) -> None:
     async with ends["b"], anyio.create_task_group() as tg:
         await tg.start(lambda task_status: ringwire.serve(ends["b"], double,
                                                           task_status=task_status))  # fmt: skip
-        async with ringwire.Client(ends["a"]) as client:
+        client_chan = ends["a"]
+        async with ringwire.Client(client_chan) as client:
             for i in range(20):
                 assert await client.call(i) == 2 * i
             got = scrape(registry)
             assert value(got, "ringwire_records_total", endpoint="pair:client", direction="send") >= 20
             assert value(got, "ringwire_records_total", endpoint="pair:server",
                          direction="send") >= 20  # fmt: skip
-            # the call layer's hook (ringwire/_conn/callcore.py feeds it once merged)
+            # the call layer's hooks (ringwire/_conn/callcore.py calls them once merged)
+            assert observed.mark(client_chan, "client") and observed.mark(ends["b"], "server")
+            got = scrape(registry)
+            assert value(got, "ringwire_records_total", endpoint="pair:client", kind="client",
+                         direction="send") >= 20  # fmt: skip
+            assert value(got, "ringwire_open_endpoints", endpoint="pair:server", kind="server") == 1
+            with pytest.raises(ValueError, match="kind is one of"):
+                observed.mark(client_chan, "broadcast")
             assert observed.recording
             for s in (2e-5, 3e-4, 0.02):
                 observed.call_timed("pair:client", "client", "round_trip", s)
@@ -328,7 +355,11 @@ async def test_calls_channels_and_the_call_timings_hook(registry: Any) -> None:
             with pytest.raises(ValueError, match="part must be one of"):
                 observed.call_timed("pair:client", "client", "request 17", 0.1)
     got = scrape(registry)
-    assert not series(got, endpoint="pair:client", kind="channel")
+    assert not series(got, endpoint="pair:client", kind="client")
+    assert not series(got, endpoint="pair:server", kind="server")
+    assert not observed.mark(client_chan, "client")  # closed: gone
+    # the timings are cumulative: they stay (one histogram per endpoint name and part)
+    assert value(got, "ringwire_call_seconds_count", endpoint="pair:client") == 3
 
 
 def test_the_hop_latency_hook(registry: Any) -> None:
