@@ -114,6 +114,7 @@ from .._wire.envelope import (
     error_info,
     remote_error,
 )
+from . import observed
 
 __all__ = [
     "CANCEL_RUNNING",
@@ -336,6 +337,9 @@ class ClientBase(Generic[_Chan]):
         self._chan = channel
         self._env_type = envelope_type(type)
         self._core = ClientCore(channel.peer_pid)
+        observed.mark(channel, "client")
+        # while a metrics exporter records (observed.recording), each call's parts
+        self._timed = observed.client_hook(getattr(channel, "name", "") or "")
 
     def __repr__(self) -> str:
         return f"<{self.__class__.__name__} over {self._chan!r}, {self._core.state()}>"
@@ -362,6 +366,7 @@ class ServerBase(Generic[_Chan]):
         self.chan = chan
         self.handler = handler
         self.core = ServerCore(concurrency, max_queued, chan.peer_pid)
+        observed.mark(chan, "server")
         self.env_type = envelope_type(type)
         self.eof = False
         self.failure: BaseException | None = None

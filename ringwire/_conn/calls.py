@@ -41,7 +41,7 @@ from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBl
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
 from .._wire.envelope import CALL, CANCEL, REPLY, Envelope
-from . import tracing
+from . import observed, tracing
 from .async_channel import Channel
 from .callcore import (
     CANCEL_RUNNING,
@@ -204,10 +204,11 @@ class Client(ClientBase[Channel]):
             raise core.failure_exc()
         if sender is None:
             raise RuntimeError("use the client inside `async with Client(channel) as client:`")
-        if core.on_timing is not None or tracing.OTEL_TRACE in sys.modules:
-            tr = tracing.call_trace(
-                tracing.OTEL_TRACE in sys.modules, core.on_timing, self._chan.peer_pid
-            )
+        hook = core.on_timing
+        if hook is None and observed.recording:
+            hook = self._timed  # (metrics: ringwire.metrics is exporting)
+        if hook is not None or tracing.OTEL_TRACE in sys.modules:
+            tr = tracing.call_trace(tracing.OTEL_TRACE in sys.modules, hook, self._chan.peer_pid)
             if tr is not None:
                 with tr:
                     return await self._traced(sender, request, timeout, tr)

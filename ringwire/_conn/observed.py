@@ -462,6 +462,23 @@ def call_timed(endpoint: str, role: str, part: str, seconds: float) -> None:
     _timed("ringwire_call_seconds", (endpoint, role, part), seconds)
 
 
+def client_hook(endpoint: str) -> Callable[[float, float, float], None]:
+    """A call client's timing hook (``ClientCore.on_timing``'s shape) that records
+    each answered call's parts on ``endpoint``: the call layer uses it while
+    :data:`recording` is true."""
+
+    def timed(queued: float, wire: float, handled: float) -> None:
+        if recording:
+            _timed(
+                "ringwire_call_seconds", (endpoint, "client", "round_trip"), queued + wire + handled
+            )
+            _timed("ringwire_call_seconds", (endpoint, "client", "queued"), queued)
+            _timed("ringwire_call_seconds", (endpoint, "client", "wire"), wire)
+            _timed("ringwire_call_seconds", (endpoint, "client", "handled"), handled)
+
+    return timed
+
+
 def hop_timed(endpoint: str, kind: str, seconds: float) -> None:
     """Record one record's hop, publish -> receive on one host, received on
     ``endpoint`` (its name) of ``kind`` ("channel" or "subscriber").  Call it only

@@ -38,7 +38,7 @@ from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
 from .._errors import DecodeError, EncodeError, ProtocolError, SlotsExhausted
 from .._wire.envelope import CALL, CANCEL, ERROR, REPLY, Envelope
-from . import tracing
+from . import observed, tracing
 from .callcore import (
     DEFAULT_CONCURRENCY,
     POLL_PEER_S,
@@ -120,10 +120,11 @@ class SyncClient(ClientBase[SyncChannel]):
         ``SyncChannel.send`` raises for a request that cannot be sent."""
         core = self._core
         tr = None  # a traced (or timed) call's trace; its span ends with the call
-        if core.on_timing is not None or tracing.OTEL_TRACE in sys.modules:
-            tr = tracing.call_trace(
-                tracing.OTEL_TRACE in sys.modules, core.on_timing, self._chan.peer_pid
-            )
+        hook = core.on_timing
+        if hook is None and observed.recording:
+            hook = self._timed  # (metrics: ringwire.metrics is exporting)
+        if hook is not None or tracing.OTEL_TRACE in sys.modules:
+            tr = tracing.call_trace(tracing.OTEL_TRACE in sys.modules, hook, self._chan.peer_pid)
         try:
             if timeout is not None and timeout <= 0:
                 raise no_time(timeout)

@@ -335,8 +335,7 @@ async def test_calls_channels_and_the_call_timings_hook(registry: Any) -> None:
             assert value(got, "ringwire_records_total", endpoint="pair:client", direction="send") >= 20
             assert value(got, "ringwire_records_total", endpoint="pair:server",
                          direction="send") >= 20  # fmt: skip
-            # the call layer's hooks (ringwire/_conn/callcore.py calls them once merged)
-            assert observed.mark(client_chan, "client") and observed.mark(ends["b"], "server")
+            # the call layer marks its channels and times every call while recording
             got = scrape(registry)
             assert value(got, "ringwire_records_total", endpoint="pair:client", kind="client",
                          direction="send") >= 20  # fmt: skip
@@ -344,14 +343,21 @@ async def test_calls_channels_and_the_call_timings_hook(registry: Any) -> None:
             with pytest.raises(ValueError, match="kind is one of"):
                 observed.mark(client_chan, "broadcast")
             assert observed.recording
-            for s in (2e-5, 3e-4, 0.02):
-                observed.call_timed("pair:client", "client", "round_trip", s)
+            for part in ("round_trip", "queued", "wire", "handled"):
+                labels = {"endpoint": "pair:client", "role": "client", "part": part}
+                assert value(got, "ringwire_call_seconds_count", **labels) == 20
+                assert value(got, "ringwire_call_seconds_bucket", le="+Inf", **labels) == 20
+            rt = {"endpoint": "pair:client", "role": "client", "part": "round_trip"}
+            parts = sum(
+                value(got, "ringwire_call_seconds_sum", endpoint="pair:client", role="client",
+                      part=p)  # fmt: skip
+                for p in ("queued", "wire", "handled")
+            )
+            assert value(got, "ringwire_call_seconds_sum", **rt) == pytest.approx(parts)
+            assert 0 < value(got, "ringwire_call_seconds_sum", **rt) < 20  # real seconds
+            observed.call_timed("pair:client", "client", "round_trip", 2e-5)
             got = scrape(registry)
-            labels = {"endpoint": "pair:client", "role": "client", "part": "round_trip"}
-            assert value(got, "ringwire_call_seconds_count", **labels) == 3
-            assert value(got, "ringwire_call_seconds_sum", **labels) == pytest.approx(0.02032)
-            assert value(got, "ringwire_call_seconds_bucket", le="5e-05", **labels) == 1
-            assert value(got, "ringwire_call_seconds_bucket", le="+Inf", **labels) == 3
+            assert value(got, "ringwire_call_seconds_count", **rt) == 21
             with pytest.raises(ValueError, match="part must be one of"):
                 observed.call_timed("pair:client", "client", "request 17", 0.1)
     got = scrape(registry)
@@ -359,7 +365,7 @@ async def test_calls_channels_and_the_call_timings_hook(registry: Any) -> None:
     assert not series(got, endpoint="pair:server", kind="server")
     assert not observed.mark(client_chan, "client")  # closed: gone
     # the timings are cumulative: they stay (one histogram per endpoint name and part)
-    assert value(got, "ringwire_call_seconds_count", endpoint="pair:client") == 3
+    assert value(got, "ringwire_call_seconds_count", endpoint="pair:client", part="round_trip") == 21
 
 
 def test_the_hop_latency_hook(registry: Any) -> None:
