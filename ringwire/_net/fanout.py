@@ -39,9 +39,8 @@ frame is the slot's own memory, which ZeroMQ sends without a copy -- and checks 
 every admitted connection has credit for it.  Then the ring publishes (and rings its
 parked readers), then every connection gets the record (:meth:`Fanout.send`, which
 only now wraps the frames as tracked ZeroMQ frames: ~10 µs each, kept off the local
-readers' path).  The slot stays held for a
-remote reader (its bit in the holder mask) until its release comes back over the
-connection, so after ZeroMQ sent it.
+readers' path).  The slot stays held for a remote reader (its bit in the holder mask)
+until its release comes back over the connection, so after ZeroMQ sent it.
 
 Frames in flight: ZeroMQ reads a frame's slot until it has written it to the kernel.
 A reader that releases a slot received it whole, so that is over; but a reader that
@@ -406,8 +405,8 @@ class Fanout:
         credit for it now."""
         last, out = self._prepared
         if last is not payload:
-            # (the frames become tracked ZeroMQ frames in send(), after the ring has
-            # published and rung the local readers: that costs ~10 µs a frame here)
+            # (wrapping the frames as tracked ZeroMQ frames, ~10 µs each, waits for
+            # send(): after the ring has published and rung the local readers)
             out = payload if self.memory_of is None else to_frames(payload, self.memory_of)
             self._prepared = (payload, out)
         n = len(out)
