@@ -2,8 +2,8 @@
 
 Run from the repository root (pyzmq installed: ``pip install -e '.[bench]'``)::
 
-    python -m perf.broadcast_remote                # ~100 s on a 2-core VM
-    python -m perf.broadcast_remote --quick        # ~25 s
+    python -m perf.broadcast_remote                # ~130 s on a 2-core VM
+    python -m perf.broadcast_remote --quick        # ~30 s
     python -m perf.broadcast_remote --tcp-host 127.0.0.1 --json PATH
 
 One question: with two readers on this host (shared memory) and one "remote" reader
@@ -25,7 +25,12 @@ for the whole run; the "remote" reader is on this host too, connected over TCP t
   ``np.frombuffer``).  PUB/SUB's slow joiner: the writer publishes warm-up records
   until every reader has received one; high-water marks are off (no drops);
 * **ringwire, 2 local only** -- the same broadcast without ``tcp``: the baseline for
-  what a remote reader costs the local readers.
+  what a remote reader costs the local readers;
+* **ringwire, 3 local readers** -- the control: the same broadcast without ``tcp``
+  and a third reader process on the Unix path instead of the remote one.  On a
+  machine with few cores a third reader process costs the other two CPU time whatever
+  its transport; local readers with a remote reader ÷ with a third local one
+  separates what the remote path itself costs them from that contention.
 
 Records: a ~100-byte msgspec struct carrying the writer's clock at send
 (``time.perf_counter_ns``: CLOCK_MONOTONIC, one clock for every process of the host),
@@ -46,8 +51,9 @@ turn, the first peer rotated every round):
   (median over rounds), as steps/s and, for arrays, MiB/s per reader.
 
 Ratios: ringwire ÷ ZeroMQ (latency: below 1 is ringwire faster; throughput: above 1
-is ringwire faster), and local readers with a remote reader attached ÷ without
-(targets: ringwire ≤ 1.0× ZeroMQ's step latency p50; with ÷ without ≤ 1.1× p50).
+is ringwire faster), local readers with a remote reader attached ÷ without (targets:
+ringwire ≤ 1.0× ZeroMQ's step latency p50; with ÷ without ≤ 1.1× p50), and (info)
+local readers with a remote reader ÷ with a third local reader (the control).
 
 Clean-up: children die with this process (``PR_SET_PDEATHSIG``), are told to stop,
 then killed if still alive and reaped, in a ``finally``; the Unix paths live in a
@@ -210,10 +216,11 @@ class Peer:
     send: Callable[[int, Any], None]  # (seq, array or None)
     ctrls: list[Any]
     procs: list[Any]
-    local: list[int]  # indices (into ctrls) of the local readers
+    local: list[int]  # indices (into ctrls) of the local readers compared across peers
     remote: list[int]  # ... and of the remote one(s)
     close: Callable[[], None]
     ready: Callable[[], None] = lambda: None  # every reader subscribed
+    third: list[int] = field(default_factory=list)  # the control's third local reader
     where: str = ""  # the writer's TCP address, where it has one
     lat: dict[str, list[int]] = field(default_factory=dict)  # "small/all" -> ns per step
     tput: dict[str, list[float]] = field(default_factory=dict)  # "array/local" -> s per round
@@ -287,12 +294,14 @@ def _slots() -> Any:
     return ringwire.SlotConfig(classes=(ringwire.SlotClass(ARRAY_BYTES, 8),))
 
 
-def peer_ringwire(tmp: str, host: str, remote: bool) -> Peer:
+def peer_ringwire(tmp: str, host: str, remote: bool, n_local: int = 2) -> Peer:
+    """2 local + 1 remote reader (``remote``), or ``n_local`` local readers (2: the
+    baseline, 3: the control)."""
     import ringwire
 
-    key = "rw_remote" if remote else "rw_local"
+    key = "rw_remote" if remote else ("rw_local" if n_local == 2 else f"rw_local{n_local}")
     path = os.path.join(tmp, f"{key}.sock")
-    n = 3 if remote else 2
+    n = 3 if remote else n_local
     kw: dict[str, Any] = {}
     if remote:
         kw["tcp"] = f"tcp://{_host_url(host)}:0"
@@ -305,9 +314,9 @@ def peer_ringwire(tmp: str, host: str, remote: bool) -> Peer:
             raise ImportError(f"ringwire.broadcast_sync has no tcp= ({exc})") from exc
         raise
     try:
-        addrs: list[tuple[Any, int]] = [(path, 0), (path, 1)]
+        addrs: list[tuple[Any, int]] = [(path, rank) for rank in range(n)]
         if remote:
-            addrs.append((bc.tcp_address, 2))
+            addrs[2] = (bc.tcp_address, 2)
         ctrls, procs = _start(reader_ringwire, addrs)
     except BaseException:
         bc.close()
@@ -316,8 +325,14 @@ def peer_ringwire(tmp: str, host: str, remote: bool) -> Peer:
     def send(seq: int, arr: Any) -> None:
         bc.send(Step(seq, clock(), TOKENS, MODEL, arr), timeout=60)
 
-    name = "ringwire, 2 local + 1 remote" if remote else "ringwire, 2 local (no remote)"
+    if remote:
+        name = "ringwire, 2 local + 1 remote"
+    elif n == 2:
+        name = "ringwire, 2 local (no remote)"
+    else:
+        name = f"ringwire, {n} local (no remote)"
     peer = Peer(key, name, send, ctrls, procs, [0, 1], [2] if remote else [], bc.close)
+    peer.third = list(range(2, n)) if not remote else []
     peer.where = (bc.tcp_address or "") if remote else ""
 
     def ready() -> None:
@@ -434,7 +449,12 @@ def run_lat(
     finally:
         gc.enable()
     cols = [array("q", _answer(peer, i, "lat")[1]) for i in range(len(peer.ctrls))]
-    groups = {"all": list(range(len(cols))), "local": peer.local, "remote": peer.remote}
+    groups = {
+        "all": list(range(len(cols))),
+        "local": peer.local,
+        "remote": peer.remote,
+        "third": peer.third,
+    }
     for role, idx in groups.items():
         if not idx:
             continue
@@ -454,7 +474,12 @@ def run_tput(peer: Peer, kind: str, arr: Any, n: int, record: bool = True) -> No
     ends = [_answer(peer, i, "tput")[1] for i in range(len(peer.ctrls))]
     if not record:
         return
-    groups = {"all": list(range(len(ends))), "local": peer.local, "remote": peer.remote}
+    groups = {
+        "all": list(range(len(ends))),
+        "local": peer.local,
+        "remote": peer.remote,
+        "third": peer.third,
+    }
     for role, idx in groups.items():
         if idx:
             peer.tput.setdefault(f"{kind}/{role}", []).append(
@@ -470,6 +495,7 @@ def _peers(tmp: str, host: str, skipped: dict[str, str]) -> Iterator[list[Peer]]
             ("rw_remote", lambda: peer_ringwire(tmp, host, True)),
             ("zmq", lambda: peer_zmq(tmp, host)),
             ("rw_local", lambda: peer_ringwire(tmp, host, False)),
+            ("rw_local3", lambda: peer_ringwire(tmp, host, False, 3)),
         ):
             try:
                 peers.append(make())
@@ -560,7 +586,7 @@ def _status(ratio: float, limit: float | None) -> str:
 def report(res: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
     tables: dict[str, str] = {}
     targets: list[dict[str, Any]] = []
-    rw, zq, loc = "rw_remote", "zmq", "rw_local"
+    rw, zq, loc, loc3 = "rw_remote", "zmq", "rw_local", "rw_local3"
 
     # 1: ringwire (2 local + 1 remote) against ZeroMQ (2 ipc + 1 tcp)
     rows = []
@@ -607,13 +633,24 @@ def report(res: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
         "lrrr",
     )
 
-    # 2: what a remote reader costs the local readers
+    # 2: what a remote reader costs the local readers -- and what a third local reader
+    # process costs them (the control: CPU contention, whatever the transport)
     rows = []
     for kind, label in (("small", "~100 B record"), ("array", "4 MiB array")):
         for q in ("p50", "p99"):
             a = _get(res, rw, f"lat/{kind}/local", f"{q}_us")
             b = _get(res, loc, f"lat/{kind}/local", f"{q}_us")
-            rows.append([f"step latency {q}, {label} (µs)", _f(a, "us"), _f(b, "us"), _x(a / b)])
+            c = _get(res, loc3, f"lat/{kind}/local", f"{q}_us")
+            rows.append(
+                [
+                    f"step latency {q}, {label} (µs)",
+                    _f(a, "us"),
+                    _f(b, "us"),
+                    _f(c, "us"),
+                    _x(a / b),
+                    _x(a / c),
+                ]
+            )
             targets.append(
                 {
                     "target": f"{label}: local readers' step latency {q}, with a remote reader "
@@ -623,38 +660,62 @@ def report(res: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
                     "status": _status(a / b, T_WITH_REMOTE if q == "p50" else None),
                 }
             )
+            if q == "p50":
+                targets.append(
+                    {
+                        "target": f"(info) {label}: local readers' step latency p50, with a "
+                        "remote reader ÷ with a third local reader (the control)",
+                        "value": a / c,
+                        "shown": _x(a / c),
+                        "status": _status(a / c, None),
+                    }
+                )
     for kind, label in (("small", "~100 B records"), ("array", "4 MiB arrays")):
         a = _get(res, rw, f"tput/{kind}/local", "steps_per_s")
         b = _get(res, loc, f"tput/{kind}/local", "steps_per_s")
-        rows.append([f"throughput, {label} (steps/s)", _f(a, ""), _f(b, ""), _x(a / b)])
+        c = _get(res, loc3, f"tput/{kind}/local", "steps_per_s")
+        rows.append(
+            [
+                f"throughput, {label} (steps/s)",
+                _f(a, ""),
+                _f(b, ""),
+                _f(c, ""),
+                _x(a / b),
+                _x(a / c),
+            ]
+        )
     tables["local readers with vs without a remote reader"] = format_table(
         [
-            "measurement (slowest of the 2 local readers)",
+            "measurement (slowest of local readers 0 and 1)",
             "with a remote reader",
-            "without",
-            "with ÷ without",
+            "without (2 local)",
+            "with a 3rd local reader",
+            "with remote ÷ without",
+            "with remote ÷ with 3rd local",
         ],
         rows,
-        "lrrr",
+        "lrrrrr",
     )
 
     # 3: by reader: the slowest local reader and the remote reader, p50
     rows = []
-    for peer in (rw, zq, loc):
+    for peer in (rw, zq, loc, loc3):
         if peer not in res:
             continue
         row = [res[peer]["name"]]
         for kind in ("small", "array"):
             for role in ("local", "remote"):
+                if peer == loc3 and role == "remote":
+                    role = "third"
                 row.append(_f(_get(res, peer, f"lat/{kind}/{role}", "p50_us"), "us"))
         rows.append(row)
     tables["by reader"] = format_table(
         [
             "peer (step latency p50, µs)",
-            "100 B: slowest local",
-            "100 B: remote",
-            "4 MiB: slowest local",
-            "4 MiB: remote",
+            "100 B: slowest of locals 0, 1",
+            "100 B: remote (or 3rd local)",
+            "4 MiB: slowest of locals 0, 1",
+            "4 MiB: remote (or 3rd local)",
         ],
         rows,
         "lrrrr",
@@ -664,7 +725,7 @@ def report(res: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short run (~25 s)")
+    ap.add_argument("--quick", action="store_true", help="short run (~30 s)")
     ap.add_argument("--tcp-host", default="127.0.0.1", help="the TCP address's host (127.0.0.1)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON")
     args = ap.parse_args(argv)
@@ -724,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(
         f"\nperf.broadcast_remote ({mode}, {seconds:.0f} s): 2 local readers + 1 remote reader "
-        f"(TCP: {'; '.join(where) or args.tcp_host}), "
+        f"(TCP: {'; '.join(where) or args.tcp_host}), and 2 or 3 local readers only; "
         f"every reader a process on this host.  CPU: {info['cpu']}, {info['cpus_usable']} "
         f"usable cores; Python {info['python']}, pyzmq {info['zmq']}; load average "
         f"{load0[0]:.2f} at start, {load1[0]:.2f} at end.  Step latency = writer send -> "

@@ -135,9 +135,13 @@ class NetWriter:
             self.check_size(n)
         if self.sent - self.acked + n + _HEADER > self.capacity:
             return False
-        self._t.send_record(payload, getattr(payload, "frames", None))
-        self.sent += n + _HEADER
-        self.status.cells[self.status.sent_at] = self.sent
+        # (a plain bytes payload has no frames: no getattr on the per-record path)
+        self._t.send_record(
+            payload, None if type(payload) is bytes else getattr(payload, "frames", None)
+        )
+        self.sent = sent = self.sent + n + _HEADER
+        status = self.status
+        status.cells[status.sent_at] = sent
         return True
 
     def write_many(self, payloads: Sequence[Any], start: int = 0) -> tuple[int, int]:
