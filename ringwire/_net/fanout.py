@@ -89,8 +89,11 @@ __all__ = ["Fanout", "FanoutWriter", "RemoteReader", "to_frames"]
 
 logger = logging.getLogger("ringwire")
 
-# an Ext 4 header: fixext 1..16, ext 8/16/32 (a false match only costs a rewrite)
-_EXT4 = re.compile(rb"[\xd4-\xd8]\x04|\xc7.\x04|\xc8..\x04|\xc9....\x04", re.S)
+# an Ext 4 or Ext 5 header: fixext 1..16, ext 8/16/32 (a false match only costs a
+# rewrite; an Ext 5, a CUDA IPC reference, is refused by the rewrite)
+_EXT4 = re.compile(
+    rb"[\xd4-\xd8][\x04\x05]|\xc7.[\x04\x05]|\xc8..[\x04\x05]|\xc9....[\x04\x05]", re.S
+)
 _NESTED = (X.TUPLE, X.SET, X.FROZENSET)  # codes whose body is msgpack again
 _enc = msgspec.msgpack.Encoder()
 _SENT_PATIENCE = GRACE + LINGER_MS / 1000 + 5.0  # seconds a closed socket may hold frames
@@ -431,6 +434,8 @@ class Fanout:
         """What goes out for ``payload`` (see :func:`to_frames`; the last one is kept,
         for a send that waits and tries again), or ``None`` if a connection has no
         credit for it now."""
+        if not self._txs:
+            return payload  # no remote reader now: nothing to ready, nobody to wait for
         last, out = self._prepared
         if last is not payload:
             # (wrapping the frames as tracked ZeroMQ frames, ~10 µs each, waits for

@@ -109,10 +109,13 @@ def test_a_false_match_is_rewritten_to_the_same_record() -> None:
     assert msgspec.msgpack.decode(out) == msgspec.msgpack.decode(payload)
 
 
-def test_a_cuda_ipc_reference_cannot_leave_the_host() -> None:
-    payload = enc.encode({"t": Ext(X.CUDA_REF, b"\x90"), "x": slot_ref(1, 16, (4,))})
+@pytest.mark.parametrize("with_slot", [True, False])
+def test_a_cuda_ipc_reference_cannot_leave_the_host(with_slot: bool) -> None:
+    rec: dict[str, Any] = {"t": Ext(X.CUDA_REF, b"\x90" + b"\0" * 40)}  # (an ext 8)
+    if with_slot:
+        rec["x"] = slot_ref(1, 16, (4,))
     with pytest.raises(ValueError, match="CUDA IPC tensor cannot reach"):
-        to_frames(payload, lambda ref: (memoryview(b"a" * 16), 1))
+        to_frames(enc.encode(rec), lambda ref: (memoryview(b"a" * 16), 1))
 
 
 def test_a_malformed_slot_reference_is_a_decode_error() -> None:
@@ -477,3 +480,11 @@ def test_a_quiet_writer_refuses_a_reader_that_never_joins(bpath: str) -> None:
         finally:
             t.close()
         assert bc.statistics().refused == 1
+
+
+def test_without_remote_readers_records_are_not_rewritten(bpath: str) -> None:
+    """A broadcast with ``tcp=`` but no remote reader now sends as a local-only one."""
+    with ringwire.broadcast_sync(bpath, readers=1, slots=SLOTS, tcp=LOOPBACK) as bc:
+        fan = bc._core.hub.remote  # noqa: SLF001
+        payload = b"\xc7\x30\x05" + b"\0" * 48  # an Ext 5 header: refused only for remote readers
+        assert fan.prepare(payload) is payload
