@@ -67,14 +67,18 @@ def test_kill_9_of_a_remote_reader_is_a_loss(bpath, policy):
     with ringwire.broadcast_sync(
         bpath, readers=3, slots=SLOTS, tcp=LOOPBACK, on_reader_loss=policy
     ) as bc:
-        args = [(bpath, "sync", {"rank": 0}), (bc.tcp_address, "sync", {"rank": 2})]
-        with readers(reader_main, *args) as (q, procs):
+        # one queue each: a process killed while it holds a shared queue's write lock
+        # (its feeder thread just sent "ready") would leave the other unable to report
+        local = readers(reader_main, (bpath, "sync", {"rank": 0}))
+        remote = readers(reader_main, (bc.tcp_address, "sync", {"rank": 2}))
+        with local as (q, _), remote as (rq, procs):
             bc.wait_ready(2, timeout=60)
-            expect(q, "ready", 2)
+            expect(q, "ready", 1)
+            expect(rq, "ready", 1)
             for i in range(5):
                 bc.send(step(i, 32 * 1024), timeout=10)
-            os.kill(procs[1].pid, signal.SIGKILL)  # the remote reader
-            procs[1].join(10)
+            os.kill(procs[0].pid, signal.SIGKILL)  # the remote reader
+            procs[0].join(10)
             t0 = time.monotonic()
             wait_until(lambda: bc.poll_readers() >= 0 and bc.statistics().lost == 1, 10)
             assert time.monotonic() - t0 < 3.0  # a reset, not a heartbeat
