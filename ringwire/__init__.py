@@ -45,6 +45,7 @@ How the package is built (imports point one way: down)::
 
     ringwire/__init__.py   the public names, re-exported from below
     ringwire/wire.py       the wire format's public descriptors (ringwire.wire)
+    ringwire/metrics.py    metrics of every queue, to Prometheus / OpenTelemetry
     runtime/               ringwire.runtime: worker processes and their channels
     ringwire/demo/         python -m ringwire.demo;  ringwire/_cli.py: python -m ringwire
     ringwire/_conn/        one endpoint core and the drivers around it:
@@ -62,6 +63,7 @@ How the package is built (imports point one way: down)::
         memory.py          an in-memory transport (tests drive the core with it)
         calls.py, sync_calls.py, callcore.py   request -> reply (drivers; sans-IO core)
         statistics.py      the statistics snapshots
+        observed.py        the weak registry of live endpoints the metrics read
     ringwire/_shm/         the shared-memory transport: Unix sockets, the handshake,
                            slot pools (send / receive), the broadcast ring's ends
     ringwire/_net/         the TCP transport (ZeroMQ, NIXL), beside _shm: neither
@@ -86,6 +88,7 @@ from __future__ import annotations
 
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream, WouldBlock
 
+from . import metrics as metrics  # (Prometheus / OpenTelemetry export: ringwire.metrics)
 from . import wire as wire  # (the wire format's descriptors: ringwire.wire)
 from ._conn.async_channel import Channel, Receipt
 from ._conn.broadcast import BroadcastStatistics, ReaderInfo

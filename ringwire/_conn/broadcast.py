@@ -233,9 +233,9 @@ class BroadcastEndpoint(Endpoint):
 
     # -- queries ----------------------------------------------------------------------
 
-    def readers(self) -> list[ReaderInfo]:
-        """The readers admitted now, by rank."""
-        if not self.closed:
+    def readers(self, *, settle: bool = True) -> list[ReaderInfo]:
+        """The readers admitted now, by rank (``settle``: as :meth:`statistics`)."""
+        if settle and not self.closed:
             self.slot_safe_point()
         hub, ring, bpool = self.hub, self.hub.writer, self.hub.pool
         out = [
@@ -262,13 +262,16 @@ class BroadcastEndpoint(Endpoint):
             ]
         return sorted(out, key=lambda info: info.rank)
 
-    def statistics(self) -> BroadcastStatistics:  # type: ignore[override]
+    def statistics(self, *, settle: bool = True) -> BroadcastStatistics:  # type: ignore[override]
+        """A snapshot; ``settle`` first runs a slot safe point (the owner's thread only;
+        ``settle=False`` touches nothing, from any thread: the metrics collector)."""
         hub = self.hub
         slots: dict[str, Any] = {}
         fill = 0
         remote = list(hub.remote.conns.values()) if hub.remote is not None else []
         if not self.closed:
-            self.slot_safe_point()
+            if settle:
+                self.slot_safe_point()
             fill = hub.writer.used()
             if hub.pool is not None:
                 slots = {k: v for k, v in hub.pool.statistics().items() if k in _SLOT_FIELDS}

@@ -45,6 +45,7 @@ from .connect import DEFAULT_CAPACITY
 from .endpoint import DEFAULT_SPIN_US
 from .listener import DEFAULT_HANDSHAKE_TIMEOUT
 from .netconn import DEFAULT_HEARTBEAT, check_bind, check_heartbeat, open_acceptor
+from .observed import track
 from .sync_channel import SyncReceipt, SyncSending, SyncWaker
 from .waits import Loop
 
@@ -135,6 +136,7 @@ class Broadcaster(_Common, AsyncSending):
         self._waker = AsyncWaker(core)
         self._fast_ops = 0
         self._cm: Any = None
+        track(self, core, "broadcast")  # weakly: ringwire.metrics reads it when scraped
 
     async def __aenter__(self) -> Broadcaster:
         self._cm = self._watching()
@@ -272,6 +274,7 @@ class SyncBroadcaster(_Common, SyncSending):
             daemon=True,
         )
         self._thread.start()
+        track(self, core, "broadcast")
 
     def __enter__(self) -> SyncBroadcaster:
         return self

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .endpoint import Endpoint
+from .observed import track
 from .statistics import ChannelStatistics
 
 __all__ = ["EndpointFacade", "ReceiptBase", "warn_held"]
@@ -24,6 +25,7 @@ class EndpointFacade:
         self.peer_pid = core.peer_pid
         self.protocol_version = core.version
         self.name = core.name
+        track(self, core, "channel")  # weakly: ringwire.metrics reads it when scraped
 
     def __repr__(self) -> str:
         label = f" {self.name}" if self.name else ""

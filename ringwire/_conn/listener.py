@@ -46,10 +46,11 @@ from .netconn import (
     check_heartbeat,
     open_acceptor,
 )
+from .observed import track
 from .options import DEFAULT_HANDSHAKE_TIMEOUT, check_options, receiving
 from .statistics import ListenerStatistics
 
-__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "Listener", "ListenerBase", "listen"]
+__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "Listener", "ListenerBase", "listen", "listener_counters"]
 
 logger = logging.getLogger("ringwire")
 
@@ -160,6 +161,7 @@ class ListenerBase(Generic[_Ch, _C]):
         self._closed = False
         self._accepted = self._refused = self._broken = self._ended = 0
         self._open()
+        track(self, None, "listener", listener_counters)
 
     def _open(self) -> None:
         """The driver's own state (a blocking listener binds its address here)."""
@@ -186,6 +188,20 @@ class ListenerBase(Generic[_Ch, _C]):
                 broken=self._broken,
                 ended=self._ended,
             )
+
+    def _counters(self) -> ListenerStatistics | None:
+        """(See :func:`listener_counters`.)"""
+        if self._closed:
+            return None
+        conns = list(self._conns)
+        ended = sum(1 for c in conns if c.core.closed)
+        return ListenerStatistics(
+            open_connections=len(conns) - ended,
+            accepted=self._accepted,
+            refused=self._refused,
+            broken=self._broken,
+            ended=self._ended + ended,
+        )
 
     def _prune(self) -> list[_C]:
         """(Under ``_guard``.)  Connections their user closed (taken with accept(), say)
@@ -308,6 +324,14 @@ class ListenerBase(Generic[_Ch, _C]):
     def _unpark(cores: list[Endpoint]) -> None:
         for core in cores:
             core.unpark_rx()
+
+
+def listener_counters(listener: ListenerBase[Any, Any]) -> ListenerStatistics | None:
+    """``listener.statistics()`` without pruning its fan-in (``None`` once it is
+    closed): it changes nothing, so any thread may call it (the metrics collector,
+    :mod:`ringwire._conn.observed`, does); a connection closed and not pruned yet
+    counts as ended."""
+    return listener._counters()  # noqa: SLF001 (this module's own class)
 
 
 class Listener(ListenerBase[Channel, _Accepted]):

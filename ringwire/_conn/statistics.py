@@ -107,8 +107,13 @@ class ListenerStatistics:
     ended: int
 
 
-def channel_statistics(core: Counted) -> ChannelStatistics:
-    """What :meth:`Endpoint.statistics` returns: a snapshot of ``core``'s counters."""
+def channel_statistics(core: Counted, *, settle: bool = True) -> ChannelStatistics:
+    """What :meth:`Endpoint.statistics` returns: a snapshot of ``core``'s counters.
+
+    ``settle`` first notices a peer that hung up and runs a slot safe point (so slots
+    the peer released or a gone peer held count as free): the owner's thread only.
+    ``settle=False`` reads without touching anything, from any thread (the metrics
+    collector, :mod:`ringwire._conn.observed`)."""
     if core.closed:
         tx_fill = rx_fill = 0
     else:
@@ -130,15 +135,15 @@ def channel_statistics(core: Counted) -> ChannelStatistics:
         doorbells_received=t.doorbells_received,
         tensor_path=t.tensor_path,
         nixl_off=t.nixl_off,
-        **_slot_statistics(core),
+        **_slot_statistics(core, settle),
     )
 
 
-def _slot_statistics(core: Counted) -> dict[str, Any]:
+def _slot_statistics(core: Counted, settle: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pool = core.pool
     if pool is not None:
-        if not core.closed:
+        if settle and not core.closed:
             core.notice_hang_up()  # a gone peer's slots are free, not "in use"
             core.slot_safe_point()
         out.update(pool.statistics())

@@ -57,6 +57,7 @@ from .netconn import (
     drive_async,
     drive_sync,
 )
+from .observed import track
 from .options import check_options, receiving
 from .statistics import ChannelStatistics
 from .sync_channel import SyncChannel
@@ -143,6 +144,7 @@ class Subscriber(_Common):
         self._core = core
         self._transport = transport  # a SubscriberTransport, or RemoteReading
         self._chan = chan if chan is not None else Channel(core)
+        track(self, core, "subscriber")  # (its channel's entry, as a subscriber)
 
     async def __aenter__(self) -> Subscriber:
         return self
@@ -216,6 +218,7 @@ class SyncSubscriber(_Common):
         self._core = core
         self._transport = transport  # a SubscriberTransport, or RemoteReading
         self._chan = chan if chan is not None else SyncChannel(core)
+        track(self, core, "subscriber")
 
     def __enter__(self) -> SyncSubscriber:
         return self
