@@ -490,7 +490,9 @@ def test_metrics_scrape(pipeline_server: _Server) -> None:
         return await posting, during
 
     before = {w: _scrape(u) for w, u in urls.items()}
-    replies, during = asyncio.run(flow(8))
+    replies, during = asyncio.run(flow(7))
+    # and one alone: a step of its own, the last before the pipeline goes idle
+    replies.append(httpx.post(base + "/generate", json={"prompt": "last", "images": 1}, timeout=30))
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
     assert during and all(_sum(s, "ringwire_open_endpoints") >= 1 for s in during)
     after = {w: _scrape(u) for w, u in urls.items()}
@@ -511,8 +513,10 @@ def test_metrics_scrape(pipeline_server: _Server) -> None:
         assert got == steps, (r, got, steps)
         assert moved(r, "ringwire_records_total", direction="send") == steps  # its outputs
 
-    # drained: poll, since a worker takes its peers' releases in when it next looks
-    deadline = time.monotonic() + 10
+    # drained: a worker takes its peers' releases in when it next looks (the idle
+    # scheduler looks every 0.25 s; without that, the broadcast's last slot showed as
+    # held for ~7 s)
+    deadline = time.monotonic() + 3
     while True:
         now = {w: _scrape(u) for w, u in urls.items()}
         busy = [
@@ -609,7 +613,7 @@ def test_one_trace_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 # what `pip uninstall prometheus_client opentelemetry-api opentelemetry-sdk` leaves: a
 # sitecustomize (every process of the pipeline inherits PYTHONPATH) refusing them
 _BLOCKER = textwrap.dedent(
-    '''
+    """
     import importlib.abc, sys
 
     class _Absent(importlib.abc.MetaPathFinder):
@@ -619,7 +623,7 @@ _BLOCKER = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, _Absent())
-    '''
+    """
 )
 
 
