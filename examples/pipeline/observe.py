@@ -16,7 +16,8 @@ decision to every worker (the ``trace`` option), so all processes export alike:
 * ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set (or
   ``OTEL_TRACES_EXPORTER=otlp``): OTLP, configured by those standard variables, when
   ``opentelemetry-exporter-otlp`` is installed -- otherwise the console, saying why;
-* else the console exporter (each finished span printed as JSON on stdout);
+* else the console exporter (each finished span printed as JSON on stderr: stdout
+  stays for the lines the script prints);
 * ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true``: off.
 
 Each process is its own ``service.name`` (``pipeline-front``, ``pipeline-tokenizer``,
@@ -203,7 +204,7 @@ def setup_tracing(config: Mapping[str, Any] | None, service: str) -> Callable[[]
         exporter = importlib.import_module(config["module"]).OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
     else:
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stdout)))
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("pipeline")
 
