@@ -660,3 +660,31 @@ def test_script_without_observe_packages(tmp_path: Path, monkeypatch: pytest.Mon
     finally:
         server.kill()
     assert not (tmp_path / "spans.jsonl").exists()
+
+
+def test_trace_choice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """How the script picks its exporter from the standard variables: the file, OTLP
+    (or the console, saying why, when the OTLP exporter is not installed), the console
+    by default, off when asked."""
+    pytest.importorskip("opentelemetry.sdk")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from pipeline import observe
+
+    path = str(tmp_path / "s.jsonl")
+    assert observe.trace_choice({observe.TRACE_FILE_ENV: path}) == (
+        {"exporter": "file", "path": path},
+        f"traces: JSON lines appended to {path}",
+    )
+    config, what = observe.trace_choice({})
+    assert config == {"exporter": "console"} and what.startswith("traces: console")
+    for off in ({"OTEL_TRACES_EXPORTER": "none"}, {"OTEL_SDK_DISABLED": "true"}):
+        config, what = observe.trace_choice({**off, observe.TRACE_FILE_ENV: path})
+        assert config is None and what.startswith("tracing off"), off
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}
+    config, what = observe.trace_choice(env)
+    if observe._otlp_exporter_module() is None:
+        assert config == {"exporter": "console"}
+        assert "opentelemetry-exporter-otlp is not installed" in what, what
+    else:
+        assert config is not None and config["exporter"] == "otlp"
+        assert what == "traces: OTLP to http://127.0.0.1:4318/v1/traces"
