@@ -8,6 +8,12 @@ the scheduler serves its broadcast at PORT and a results listener at PORT + 1, p
 ``waiting for remote rank(s) ...`` and the server answers once they have joined.  On
 the other host, ``python examples/pipeline rank tcp://HOST:PORT --rank R --ranks N``
 runs rank R (see examples/README.md: keys, two machines, two network namespaces).
+
+Observability (see examples/README.md, pipeline.observe): with the OpenTelemetry SDK
+installed every HTTP request is one trace across all processes, printed by the console
+exporter, sent over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, or appended as JSON
+lines to $RINGWIRE_EXAMPLE_TRACE_FILE; the second line printed says which.  GET /metrics
+is the front's Prometheus metrics; --worker-metrics-port makes every worker serve its own.
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0: an ephemeral port")
     ap.add_argument("--ranks", type=int, default=2, help="tensor-parallel ranks (1-8)")
+    ap.add_argument(
+        "--worker-metrics-port", type=int, metavar="PORT",
+        help="each worker serves its Prometheus metrics on --host at PORT + i (tokenizer "
+        "0, scheduler 1, rank R 2 + R; 0: any free ports), listed by GET /health",
+    )  # fmt: skip
     net = ap.add_argument_group("ranks on other hosts")
     net.add_argument(
         "--remote-ranks", type=int, default=0, metavar="K",
@@ -85,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
+    from pipeline import observe
     from pipeline.app import RingwireBackend, make_app, serve_http
     from pipeline.workers import remote_config
 
@@ -100,25 +112,38 @@ def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
             ap.error(f"{exc}{hint}")
     elif args.key_secret or args.clients or args.insecure:
         ap.error("--key-secret, --clients and --insecure are for --remote-ranks")
-    backend = RingwireBackend(args.ranks, remote=remote)
+    if args.worker_metrics_port is not None and not 0 <= args.worker_metrics_port <= 65535 - 10:
+        ap.error(f"--worker-metrics-port must be from 0 to 65525, not {args.worker_metrics_port}")
+    trace, tracing = observe.trace_choice()
+    metrics = None
+    if args.worker_metrics_port is not None:
+        metrics = {"host": args.host, "port": args.worker_metrics_port}
+    backend = RingwireBackend(args.ranks, remote=remote, trace=trace, metrics=metrics)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     host, port = sock.getsockname()[:2]
-    app = make_app(
-        backend, on_ready=lambda: print(f"listening on http://{host}:{port}", flush=True)
-    )
+
+    def ready() -> None:
+        print(f"listening on http://{host}:{port}", flush=True)
+        print(tracing, flush=True)
+
+    app = make_app(backend, on_ready=ready)
+    stop_tracing = observe.setup_tracing(trace, "pipeline-front")
     with sock:
         try:
             serve_http(app, sock)
         except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C after its clean shutdown
             pass
+        finally:
+            stop_tracing()
 
 
 def _rank(ap: argparse.ArgumentParser, args: Any) -> int:
     import anyio
 
     import ringwire
+    from pipeline import observe
     from pipeline.workers import remote_rank
 
     if not 0 <= args.rank < args.ranks <= 8:
@@ -133,12 +158,18 @@ def _rank(ap: argparse.ArgumentParser, args: Any) -> int:
         def joined() -> None:
             print(f"rank {args.rank} of {args.ranks} joined {args.address}", flush=True)
 
-        anyio.run(
-            lambda: remote_rank(
-                args.address, rank=args.rank, ranks=args.ranks, results=args.results,
-                keys=keys, retry_for=args.retry_for, on_joined=joined,
-            )
-        )  # fmt: skip
+        stop_tracing = observe.setup_tracing(
+            observe.trace_choice()[0], f"pipeline-rank-{args.rank}"
+        )
+        try:
+            anyio.run(
+                lambda: remote_rank(
+                    args.address, rank=args.rank, ranks=args.ranks, results=args.results,
+                    keys=keys, retry_for=args.retry_for, on_joined=joined,
+                )
+            )  # fmt: skip
+        finally:
+            stop_tracing()
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # one line: why this rank stopped

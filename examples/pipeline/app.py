@@ -11,6 +11,12 @@ app.
 Answers: 200 the reply; 400 a bad body; 502 the pipeline raised (``RemoteError``); 503
 the pipeline is down (a worker died: the topology stopped) or out of slots; 504 no
 answer within ``REPLY_TIMEOUT``.
+
+Observability (:mod:`pipeline.observe`): when this process traces, every request is a
+span (``POST /generate``, continuing a ``traceparent`` header) whose trace the calls
+carry through every worker, and the answer names it in a ``traceresponse`` header.
+``GET /metrics`` is the Prometheus text of this process's ringwire endpoints (and of
+its requests, ``pipeline_http_requests_total``); 501 without ``prometheus_client``.
 """
 
 from __future__ import annotations
@@ -27,12 +33,12 @@ from typing import Any, Protocol
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 import ringwire
 
-from . import stages, workers
+from . import observe, stages, workers
 from .records import GenerateRequest, Reply
 
 __all__ = ["REPLY_TIMEOUT", "Backend", "RingwireBackend", "make_app", "serve_http"]
@@ -66,7 +72,10 @@ class RingwireBackend:
 
     ``remote``: the scheduler's remote ranks (:func:`pipeline.workers.remote_config`,
     checked there): the last ``remote["ranks"]`` ranks are not started here but join
-    over TCP from another host (:func:`pipeline.workers.remote_rank`)."""
+    over TCP from another host (:func:`pipeline.workers.remote_rank`).  ``trace``: how
+    the workers export spans (:func:`pipeline.observe.trace_choice`; ``None``: they do
+    not); ``metrics``: ``{"host", "port"}`` where the workers serve their own metrics
+    (:func:`pipeline.workers.topology`; ``None``: they do not)."""
 
     name = "ringwire"
 
@@ -76,11 +85,16 @@ class RingwireBackend:
         *,
         drain_timeout: float = 10.0,
         remote: dict[str, Any] | None = None,
+        trace: dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
     ) -> None:
         if not 1 <= ranks <= 8:
             raise ValueError(f"ranks must be from 1 to 8, not {ranks!r}")
         self.ranks = ranks
         self.remote = remote
+        self.trace = trace
+        self.metrics = metrics
+        self._dir: str | None = None
         self._drain_timeout = drain_timeout
         self.topology: Any = None
         self._client: ringwire.Client | None = None
@@ -90,16 +104,17 @@ class RingwireBackend:
         # the workers' sockets live in a private directory, removed at the end
         with tempfile.TemporaryDirectory(prefix="rw-pipeline-") as d:
             topo = workers.topology(
-                d, self.ranks, self.remote, drain_timeout=self._drain_timeout
-            )
+                d, self.ranks, self.remote, trace=self.trace, metrics=self.metrics,
+                drain_timeout=self._drain_timeout,
+            )  # fmt: skip
             async with topo:
-                self.topology = topo
+                self.topology, self._dir = topo, d
                 async with ringwire.Client(topo.channel("tokenizer"), type=Reply) as c:
                     self._client = c
                     try:
                         yield
                     finally:
-                        self._client = None
+                        self._client, self._dir = None, None
                 # the client is closed: the tokenizer's serve() has returned; leaving the
                 # topology's block drains and stops every worker
 
@@ -120,6 +135,9 @@ class RingwireBackend:
             "stop_reason": None if topo is None else topo.stop_reason,
             "workers": status,
             "pending": None if self._client is None else self._client.pending,
+            "metrics": {}
+            if self._dir is None
+            else observe.worker_metrics_urls(self._dir, list(status)),
         }
 
 
@@ -154,8 +172,31 @@ def make_app(backend: Backend, on_ready: Callable[[], None] | None = None) -> St
     ``on_ready`` is called once it is up)."""
     ids = itertools.count(1)
     prefix = f"{os.getpid():x}-"
+    registry = observe.metrics_registry()  # None: prometheus_client is not installed
+    answered = None
+    if registry is not None:
+        import prometheus_client
+
+        answered = prometheus_client.Counter(
+            "pipeline_http_requests", "HTTP requests to /generate answered, by status.",
+            ["status"], registry=registry,
+        )  # fmt: skip
 
     async def generate(request: HTTPRequest) -> JSONResponse:
+        with observe.request_span("POST", "/generate", request.headers) as span:
+            response = await _generate(request)
+            if span is not None:
+                span.set_attribute("http.response.status_code", response.status_code)
+                if response.status_code >= 500:
+                    from opentelemetry.trace import Status, StatusCode
+
+                    span.set_status(Status(StatusCode.ERROR, response.body.decode()))
+                response.headers["traceresponse"] = observe.traceresponse(span)
+        if answered is not None:
+            answered.labels(str(response.status_code)).inc()
+        return response
+
+    async def _generate(request: HTTPRequest) -> JSONResponse:
         try:
             body = json.loads(await request.body())
             req = stages.parse_request(body, prefix + str(next(ids)))
@@ -190,15 +231,32 @@ def make_app(backend: Backend, on_ready: Callable[[], None] | None = None) -> St
     async def health(request: HTTPRequest) -> JSONResponse:
         return JSONResponse({"pid": os.getpid(), **backend.describe()})
 
+    async def metrics(request: HTTPRequest) -> Response:
+        if registry is None:
+            return PlainTextResponse(
+                "prometheus_client is not installed: pip install 'ringwire[observe]'\n",
+                status_code=501,
+            )
+        import prometheus_client
+
+        # collected on a worker thread: the event loop keeps serving meanwhile
+        body = await anyio.to_thread.run_sync(prometheus_client.generate_latest, registry)
+        return Response(body, media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with backend.running():
-            if on_ready is not None:
-                on_ready()
-            yield
+        with observe.ringwire_metrics(registry):
+            async with backend.running():
+                if on_ready is not None:
+                    on_ready()
+                yield
 
     return Starlette(
-        routes=[Route("/generate", generate, methods=["POST"]), Route("/health", health)],
+        routes=[
+            Route("/generate", generate, methods=["POST"]),
+            Route("/health", health),
+            Route("/metrics", metrics),
+        ],
         lifespan=lifespan,
     )
 

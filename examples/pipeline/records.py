@@ -98,10 +98,13 @@ class TokenizedRequest(ringwire.Record):
 
 
 class Step(ringwire.Record):
-    """Scheduler -> every rank: one batch."""
+    """Scheduler -> every rank: one batch.  ``trace``: when the scheduler traces, one
+    W3C ``[traceparent, tracestate]`` per request (its ``pipeline.step`` span), so each
+    rank continues each request's own trace (:mod:`pipeline.observe`); else empty."""
 
     step: int
     reqs: list[TokenizedRequest]
+    trace: list[list[str]] = []
 
 
 class RankOutput(ringwire.Record):

@@ -53,7 +53,7 @@ import anyio
 import ringwire
 from ringwire import runtime
 
-from . import stages
+from . import observe, stages
 from .records import GenerateRequest, RankOutput, Reply, Step, TokenizedRequest
 
 __all__ = [
@@ -126,6 +126,11 @@ def _one_thread() -> None:
 
 async def tokenizer(ctx: runtime.WorkerContext) -> None:
     _one_thread()
+    with observe.worker(ctx):
+        await _tokenizer(ctx)
+
+
+async def _tokenizer(ctx: runtime.WorkerContext) -> None:
     where = paths(ctx.options["dir"])
     chan = await _retry(
         lambda: ringwire.connect(where["calls"], slots=FEATURE_SLOTS), "the scheduler"
@@ -155,10 +160,11 @@ async def tokenizer(ctx: runtime.WorkerContext) -> None:
 
 
 class _Pending:
-    __slots__ = ("done", "error", "reply", "req")
+    __slots__ = ("done", "error", "reply", "req", "trace")
 
     def __init__(self, req: TokenizedRequest) -> None:
         self.req: TokenizedRequest | None = req
+        self.trace = observe.current_context()  # its serve span's (None: not tracing)
         self.done = anyio.Event()
         self.reply: Reply | None = None
         self.error: BaseException | None = None
@@ -204,7 +210,11 @@ class _Scheduler:
             while True:
                 while not self.queue:
                     self.wake = anyio.Event()
-                    await self.wake.wait()
+                    with anyio.move_on_after(POLL_S):
+                        await self.wake.wait()
+                    if not self.queue:  # idle: take the ranks' slot releases in (so the
+                        # metrics show the slots free) and notice a rank that went
+                        self.bc.poll_readers()
                 batch = []
                 while self.queue and len(batch) < MAX_BATCH:
                     p = self.queue.popleft()
@@ -213,10 +223,24 @@ class _Scheduler:
                 if not batch:
                     continue
                 self.steps += 1
-                step = Step(step=self.steps, reqs=[p.req for p in batch if p.req is not None])
-                await self.bc.send(step)  # each feature: one copy into the shared pool
-                outputs = await self._gather(step.step)
-                replies = stages.combine(step, outputs)
+                spans = observe.start_spans(
+                    "pipeline.step", [p.trace for p in batch],
+                    {"pipeline.step": self.steps, "pipeline.batch": len(batch),
+                     "pipeline.ranks": self.ranks},
+                )  # fmt: skip
+                try:
+                    step = Step(
+                        step=self.steps,
+                        reqs=[p.req for p in batch if p.req is not None],
+                        trace=[observe.carrier(s) for s in spans],
+                    )
+                    await self.bc.send(step)  # each feature: one copy into the shared pool
+                    outputs = await self._gather(step.step)
+                    replies = stages.combine(step, outputs)
+                except BaseException as exc:
+                    observe.end_spans(spans, exc)
+                    raise
+                observe.end_spans(spans)
                 del step
                 for p, reply in zip(batch, replies):
                     p.req, p.reply = None, reply  # the tokenizer's slot goes with the call
@@ -262,6 +286,11 @@ async def _forward(listener: ringwire.Listener, into: Any) -> None:
 
 
 async def scheduler(ctx: runtime.WorkerContext) -> None:
+    with observe.worker(ctx):
+        await _scheduler(ctx)
+
+
+async def _scheduler(ctx: runtime.WorkerContext) -> None:
     ranks = int(ctx.options["ranks"])
     remote: dict[str, Any] = ctx.options.get("remote") or {}
     where = paths(ctx.options["dir"])
@@ -326,13 +355,28 @@ async def scheduler(ctx: runtime.WorkerContext) -> None:
 
 async def _compute(sub: ringwire.Subscriber, out: ringwire.Channel, me: int, ranks: int) -> None:
     async for step in sub:  # ends when the scheduler closes the broadcast
-        result = stages.rank_compute(step, me, ranks)
-        del step  # our views of the shared slots (or of the received frames) die here
-        await out.send(result)
+        # each request's trace goes on here (the step carries one context per request)
+        spans = observe.start_spans(
+            "pipeline.rank", [observe.parent(t) for t in step.trace],
+            {"pipeline.step": step.step, "pipeline.rank": me, "pipeline.batch": len(step.reqs)},
+        )  # fmt: skip
+        try:
+            result = stages.rank_compute(step, me, ranks)
+            del step  # our views of the shared slots (or of the received frames) die here
+            await out.send(result)
+        except BaseException as exc:
+            observe.end_spans(spans, exc)
+            raise
+        observe.end_spans(spans)
 
 
 async def rank(ctx: runtime.WorkerContext) -> None:
     _one_thread()
+    with observe.worker(ctx):
+        await _rank(ctx)
+
+
+async def _rank(ctx: runtime.WorkerContext) -> None:
     me, ranks = int(ctx.options["rank"]), int(ctx.options["ranks"])
     where = paths(ctx.options["dir"])
     out = await _retry(
@@ -425,31 +469,49 @@ def remote_config(
 
 
 def topology(
-    directory: str, ranks: int, remote: dict[str, Any] | None = None, **options: Any
+    directory: str,
+    ranks: int,
+    remote: dict[str, Any] | None = None,
+    *,
+    trace: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
+    **options: Any,
 ) -> runtime.Topology:
     """The pipeline's workers: tokenizer, scheduler and ``ranks`` ranks (their sockets
     in ``directory``).  With ``remote`` (see :class:`pipeline.app.RingwireBackend`) the
     last ``remote["ranks"]`` ranks are not started here: the scheduler also serves its
     broadcast and a results listener over TCP, and waits for those ranks to join from
-    another host (:func:`remote_rank`)."""
+    another host (:func:`remote_rank`).  ``trace``: how every worker exports its spans
+    (:func:`pipeline.observe.trace_choice`; ``None``: not at all); ``metrics``:
+    ``{"host": HOST, "port": PORT}`` -- each worker serves its endpoints' metrics at
+    PORT + its index (tokenizer 0, scheduler 1, rank R 2 + R; PORT 0: any free port)."""
     if not 1 <= ranks <= 8:
         raise ValueError(f"ranks must be from 1 to 8, not {ranks!r}")
     local = ranks - (int(remote["ranks"]) if remote else 0)
     if not 0 <= local < ranks and remote is not None:
         raise ValueError(f"remote ranks must be from 1 to {ranks}, not {remote['ranks']!r}")
-    common = {"dir": directory, "ranks": ranks}
+    common = {"dir": directory, "ranks": ranks, "trace": trace}
+
+    def serving(index: int) -> dict[str, Any]:
+        if metrics is None:
+            return {"metrics": None}
+        port = int(metrics["port"])
+        return {"metrics": {"host": metrics["host"], "port": port + index if port else 0}}
+
     workers = [
         runtime.Worker(
-            "tokenizer", "pipeline.workers:tokenizer", options=common, slots=None,
-            ready="explicit",
+            "tokenizer", "pipeline.workers:tokenizer", options={**common, **serving(0)},
+            slots=None, ready="explicit",
         ),
         runtime.Worker(
-            "scheduler", "pipeline.workers:scheduler", options={**common, "remote": remote},
+            "scheduler", "pipeline.workers:scheduler",
+            options={**common, **serving(1), "remote": remote},
             slots=None, capacity=64 << 10, ready="explicit",
         ),
     ] + [
         runtime.Worker(
-            f"rank-{r}", "pipeline.workers:rank", options={**common, "rank": r}, slots=None,
+            f"rank-{r}", "pipeline.workers:rank",
+            options={**common, **serving(2 + r), "rank": r}, slots=None,
             capacity=64 << 10, ready="explicit",
         )
         for r in range(local)

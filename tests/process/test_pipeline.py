@@ -1,16 +1,20 @@
 """examples/pipeline: HTTP -> tokenizer -> scheduler -> N ranks (broadcast), end to end,
-on a real uvicorn server driven by httpx; a rank killed mid-run; the script itself."""
+on a real uvicorn server driven by httpx; a rank killed mid-run; the script itself; its
+metrics scraped and parsed, one trace per request across every process, and the
+script without the optional packages."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -42,7 +46,12 @@ def pipeline_server(
     monkeypatch.syspath_prepend(str(EXAMPLES))  # spawn passes sys.path to the workers
     from pipeline.app import RingwireBackend, make_app
 
-    backend = RingwireBackend(getattr(request, "param", 2))
+    param = getattr(request, "param", 2)  # the ranks, or {"ranks": N, "metrics": True}
+    if isinstance(param, dict):
+        metrics = {"host": "127.0.0.1", "port": 0} if param.get("metrics") else None
+        backend = RingwireBackend(param["ranks"], metrics=metrics)
+    else:
+        backend = RingwireBackend(param)
     app = make_app(backend)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -413,3 +422,269 @@ def test_remote_flags_refused(tmp_path: Path, flags: list[str], says: str) -> No
     assert "listening" not in r.stdout and "waiting" not in r.stdout
     if "refusing" in says:
         assert "--key-secret" in r.stderr and "--insecure" in r.stderr, r.stderr
+
+
+# -- observability: metrics, traces, and neither ----------------------------------------
+
+# gauges that must read zero once every request is answered (depth, slots, loans, holds)
+_DRAINED = (
+    "ringwire_unread_bytes",
+    "ringwire_ring_fill_ratio",
+    "ringwire_reader_unread_bytes",
+    "ringwire_slots_in_use",
+    "ringwire_slots_in_use_bytes",
+    "ringwire_loans_out",
+    "ringwire_reader_slots_held",
+    "ringwire_received_arrays_held",
+    "ringwire_releases_pending",
+    "ringwire_large_arrays_in_use",
+)
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+def _scrape(url: str) -> Samples:
+    """``url``'s Prometheus text, parsed by prometheus_client's own parser."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(url, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain"), r.headers
+    return [
+        (s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    ]
+
+
+def _sum(samples: Samples, name: str, **labels: str) -> float:
+    return sum(
+        v for n, lab, v in samples if n == name and all(lab.get(k) == w for k, w in labels.items())
+    )
+
+
+@pytest.mark.parametrize("pipeline_server", [{"ranks": 2, "metrics": True}], indirect=True)
+def test_metrics_scrape(pipeline_server: _Server) -> None:
+    """The front's ``/metrics`` and every worker's (``--worker-metrics-port``, listed by
+    ``/health``), fetched with httpx and parsed with prometheus_client's parser, also
+    while requests are in flight: the counters move between two scrapes as requests are
+    served (each rank received every step the broadcast sent), and once the requests
+    are answered the unread depth, the slots in use, loans and holds are all back to
+    zero and every slot is free again."""
+    pytest.importorskip("prometheus_client")
+    import httpx
+
+    base = pipeline_server.base
+    with httpx.Client(base_url=base, timeout=30) as c:
+        urls = {"front": base + "/metrics", **c.get("/health").json()["metrics"]}
+    assert set(urls) == {"front", "tokenizer", "scheduler", "rank-0", "rank-1"}, urls
+
+    async def flow(n: int) -> tuple[list[Any], list[Samples]]:
+        bodies = [{"prompt": f"p{i}", "images": 1 + i % 2, "seed": i} for i in range(n)]
+        posting = asyncio.ensure_future(_post_all(base, bodies, concurrency=4))
+        during = []
+        while not posting.done():  # scraped while the requests flow
+            during.append(await asyncio.to_thread(_scrape, urls["front"]))
+            await asyncio.sleep(0.02)
+        return await posting, during
+
+    before = {w: _scrape(u) for w, u in urls.items()}
+    replies, during = asyncio.run(flow(7))
+    # and one alone: a step of its own, the last before the pipeline goes idle
+    replies.append(httpx.post(base + "/generate", json={"prompt": "last", "images": 1}, timeout=30))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert during and all(_sum(s, "ringwire_open_endpoints") >= 1 for s in during)
+    after = {w: _scrape(u) for w, u in urls.items()}
+
+    def moved(worker: str, name: str, **labels: str) -> float:
+        return _sum(after[worker], name, **labels) - _sum(before[worker], name, **labels)
+
+    assert moved("front", "pipeline_http_requests_total", status="200") == 8
+    assert moved("front", "ringwire_records_total", direction="send") >= 8  # the calls
+    assert moved("front", "ringwire_records_total", direction="receive") >= 8  # the replies
+    assert moved("front", "ringwire_payload_bytes_total", direction="send") > 0
+    assert moved("tokenizer", "ringwire_records_total", direction="send") >= 16
+    assert moved("tokenizer", "ringwire_slot_releases_total") >= 8  # one loaned slot each
+    steps = moved("scheduler", "ringwire_records_total", direction="send", kind="broadcast")
+    assert 1 <= steps <= 8, steps
+    for r in ("rank-0", "rank-1"):
+        got = moved(r, "ringwire_records_total", direction="receive", kind="subscriber")
+        assert got == steps, (r, got, steps)
+        assert moved(r, "ringwire_records_total", direction="send") == steps  # its outputs
+
+    # drained: a worker takes its peers' releases in when it next looks (the idle
+    # scheduler looks every 0.25 s; without that, the broadcast's last slot showed as
+    # held for ~7 s)
+    deadline = time.monotonic() + 3
+    while True:
+        now = {w: _scrape(u) for w, u in urls.items()}
+        busy = [
+            (w, n, lab, v) for w, s in now.items() for n, lab, v in s if n in _DRAINED and v != 0
+        ]
+        if not busy:
+            break
+        assert time.monotonic() < deadline, busy
+        time.sleep(0.1)
+    for w in ("tokenizer", "scheduler"):  # the slot pools were there, and are all free
+        assert any(n == "ringwire_slots_in_use" for n, _, _ in now[w]), w
+    kind = {"tokenizer": "channel", "scheduler": "broadcast"}
+    for w, k in kind.items():
+        free = [(lab, v) for n, lab, v in now[w] if n == "ringwire_slots_free" and lab["kind"] == k]
+        assert sum(v for _, v in free) == 48, (w, free)  # FEATURE_SLOTS: 3 classes x 16
+
+
+def _chain(by_id: dict[str, dict[str, Any]], span: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(service, name)`` of ``span`` and of each of its ancestors, up to the root."""
+    out = []
+    while True:
+        out.append((span["service"], span["name"]))
+        if span["parent_id"] is None or span["parent_id"] not in by_id:
+            return out
+        span = by_id[span["parent_id"]]
+
+
+def test_one_trace_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script with ``RINGWIRE_EXAMPLE_TRACE_FILE``: every process appends its spans
+    there.  Each request is one trace (its id in the ``traceresponse`` header) whose
+    spans chain parent -> child from the front's ``POST /generate`` through both calls
+    into the scheduler's step and on into every rank, and hold nothing else; a
+    ``traceparent`` sent by the HTTP client is continued; a bad body is a front-only
+    trace."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("torch")
+    pytest.importorskip("opentelemetry.sdk")
+    import httpx
+
+    spans_file = tmp_path / "spans.jsonl"
+    monkeypatch.setenv("RINGWIRE_EXAMPLE_TRACE_FILE", str(spans_file))
+    server = _Proc([str(EXAMPLES / "pipeline"), "--port", "0", "--ranks", "2"], tmp_path)
+    try:
+        base = server.expect("listening on http://").split()[-1]
+        assert server.expect("traces: ") == f"traces: JSON lines appended to {spans_file}"
+        replies = asyncio.run(_post_all(base, _bodies(5), concurrency=5))
+        upstream = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+        continued = httpx.post(
+            base + "/generate", json={"prompt": "from upstream", "images": 1},
+            headers={"traceparent": upstream}, timeout=30,
+        )  # fmt: skip
+        bad = httpx.post(base + "/generate", json={"prompt": 3}, timeout=30)
+        server.proc.send_signal(signal.SIGINT)
+        assert server.finish() == 0, server.lines
+    finally:
+        server.kill()
+
+    assert all(r.status_code == 200 for r in [*replies, continued]), replies
+    assert bad.status_code == 400
+    spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    by_id = {s["span_id"]: s for s in spans}
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        by_trace.setdefault(s["trace_id"], []).append(s)
+    assert len(by_trace) == 7, sorted(by_trace)  # one per request, nothing else
+
+    hops = [
+        ("pipeline-scheduler", "pipeline.step"),
+        ("pipeline-scheduler", "ringwire.serve TokenizedRequest"),
+        ("pipeline-tokenizer", "ringwire.call"),
+        ("pipeline-tokenizer", "ringwire.serve GenerateRequest"),
+        ("pipeline-front", "ringwire.call"),
+        ("pipeline-front", "POST /generate"),
+    ]
+    for r in [*replies, continued]:
+        _, trace_id, root_id, _ = r.headers["traceresponse"].split("-")
+        mine = by_trace[trace_id]
+        assert len(mine) == len(hops) + 2, [(s["service"], s["name"]) for s in mine]
+        assert by_id[root_id]["name"] == "POST /generate"
+        ranks = [s for s in mine if s["name"] == "pipeline.rank"]
+        assert sorted(s["service"] for s in ranks) == ["pipeline-rank-0", "pipeline-rank-1"]
+        for s in ranks:
+            assert _chain(by_id, s) == [(s["service"], "pipeline.rank"), *hops]
+            assert all(by_id[a]["trace_id"] == trace_id for a in [s["parent_id"]])
+        assert all(s["status"] != "ERROR" for s in mine), mine
+        assert by_id[root_id]["attributes"]["http.response.status_code"] == 200
+    _, trace_id, root_id, _ = continued.headers["traceresponse"].split("-")
+    assert trace_id == "ab" * 16 and by_id[root_id]["parent_id"] == "cd" * 8
+    _, trace_id, root_id, _ = bad.headers["traceresponse"].split("-")
+    assert [s["name"] for s in by_trace[trace_id]] == ["POST /generate"]
+    assert by_id[root_id]["attributes"]["http.response.status_code"] == 400
+
+
+# what `pip uninstall prometheus_client opentelemetry-api opentelemetry-sdk` leaves: a
+# sitecustomize (every process of the pipeline inherits PYTHONPATH) refusing them
+_BLOCKER = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class _Absent(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("prometheus_client", "opentelemetry"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, _Absent())
+    """
+)
+
+
+def test_script_without_observe_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without prometheus_client and OpenTelemetry the pipeline answers as before, says
+    tracing is off and why, adds no ``traceresponse``, and ``/metrics`` answers 501
+    naming the extra to install."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("torch")
+    import httpx
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_BLOCKER)
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), *([path] if path else [])])
+    )
+    probe = subprocess.run([sys.executable, "-c", "import opentelemetry"], capture_output=True)
+    assert probe.returncode != 0  # the blocker works
+    monkeypatch.setenv("RINGWIRE_EXAMPLE_TRACE_FILE", str(tmp_path / "spans.jsonl"))
+    server = _Proc([str(EXAMPLES / "pipeline"), "--port", "0", "--ranks", "1"], tmp_path)
+    try:
+        base = server.expect("listening on http://").split()[-1]
+        assert server.expect("tracing off: ").endswith(
+            "the OpenTelemetry SDK is not installed (pip install 'ringwire[observe]' "
+            "opentelemetry-sdk)"
+        )
+        r = httpx.post(base + "/generate", json={"prompt": "hi", "images": 1}, timeout=30)
+        assert r.status_code == 200 and "traceresponse" not in r.headers, r.text
+        m = httpx.get(base + "/metrics", timeout=30)
+        assert m.status_code == 501 and "ringwire[observe]" in m.text, m.text
+        server.proc.send_signal(signal.SIGINT)
+        assert server.finish() == 0, server.lines
+    finally:
+        server.kill()
+    assert not (tmp_path / "spans.jsonl").exists()
+
+
+def test_trace_choice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """How the script picks its exporter from the standard variables: the file, OTLP
+    (or the console, saying why, when the OTLP exporter is not installed), the console
+    by default, off when asked."""
+    pytest.importorskip("opentelemetry.sdk")
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from pipeline import observe
+
+    path = str(tmp_path / "s.jsonl")
+    assert observe.trace_choice({observe.TRACE_FILE_ENV: path}) == (
+        {"exporter": "file", "path": path},
+        f"traces: JSON lines appended to {path}",
+    )
+    config, what = observe.trace_choice({})
+    assert config == {"exporter": "console"} and what.startswith("traces: console")
+    for off in ({"OTEL_TRACES_EXPORTER": "none"}, {"OTEL_SDK_DISABLED": "true"}):
+        config, what = observe.trace_choice({**off, observe.TRACE_FILE_ENV: path})
+        assert config is None and what.startswith("tracing off"), off
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}
+    config, what = observe.trace_choice(env)
+    if observe._otlp_exporter_module() is None:
+        assert config == {"exporter": "console"}
+        assert "opentelemetry-exporter-otlp is not installed" in what, what
+    else:
+        assert config is not None and config["exporter"] == "otlp"
+        assert what == "traces: OTLP to http://127.0.0.1:4318/v1/traces"
