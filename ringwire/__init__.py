@@ -102,6 +102,7 @@ from ._conn.connect import DEFAULT_CAPACITY, connect, connect_sync
 from ._conn.endpoint import DEFAULT_SPIN_US
 from ._conn.listener import Listener, listen
 from ._conn.pair import PairEnd, pair
+from ._conn.record_tracing import continue_trace, received_trace, trace_records
 from ._conn.statistics import ChannelStatistics, ListenerStatistics
 from ._conn.subscriber import Subscriber, SyncSubscriber, subscribe, subscribe_sync
 from ._conn.sync_calls import SyncClient, call_cancelled, serve_sync
@@ -197,6 +198,7 @@ __all__ = [
     "call_cancelled",
     "connect",
     "connect_sync",
+    "continue_trace",
     "copy_out",
     "decode",
     "encode",
@@ -205,10 +207,12 @@ __all__ = [
     "native",
     "native_reason",
     "pair",
+    "received_trace",
     "release",
     "serve",
     "serve_sync",
     "subscribe",
     "subscribe_sync",
     "sweep_segments",
+    "trace_records",
 ]

@@ -90,7 +90,7 @@ logger = logging.getLogger("ringwire")
 
 # an Ext 4 header: fixext 1..16, ext 8/16/32 (a false match only costs a rewrite)
 _EXT4 = re.compile(rb"[\xd4-\xd8]\x04|\xc7.\x04|\xc8..\x04|\xc9....\x04", re.S)
-_NESTED = (X.TUPLE, X.SET, X.FROZENSET)  # codes whose body is msgpack again
+_NESTED = (X.TUPLE, X.SET, X.FROZENSET, X.TRACED)  # codes whose body is msgpack again
 _enc = msgspec.msgpack.Encoder()
 _SENT_PATIENCE = GRACE + LINGER_MS / 1000 + 5.0  # seconds a closed socket may hold frames
 
