@@ -191,6 +191,34 @@ async def test_a_record_sent_under_a_span_carries_it_on_a_pair(spans: None) -> N
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("receiver_traces", [True, False])
+async def test_an_undecodable_traced_record_releases_its_slots(
+    spans: None, receiver_traces: bool
+) -> None:
+    """Ten traced records in slots (the pool has six) that the receiver cannot decode:
+    each is a DecodeError, its slot comes back (the salvage looks inside Ext 22), and
+    the channel goes on."""
+    ca, cb = await connected(slots=SLOTS)
+    async with ca, cb:
+        ringwire.trace_records(ca)
+        ringwire.trace_records(cb, enabled=receiver_traces)
+        with anyio.fail_after(20):
+            for i in range(10):
+                with tracer.start_as_current_span("send"):
+                    await ca.send({"a": np.full(8192, i, dtype=np.int64)})
+                with pytest.raises(DecodeError):
+                    await cb.receive(type=int)
+            with tracer.start_as_current_span("send") as span:
+                await ca.send({"a": np.full(8192, 10, dtype=np.int64)})
+            got = await cb.receive()
+            assert (got["a"] == 10).all()
+            del got
+            assert ringwire.received_trace() == (
+                {"traceparent": header_of(span)} if receiver_traces else None
+            )
+
+
+@pytest.mark.anyio
 async def test_no_span_or_no_opt_in_adds_no_byte(spans: None) -> None:
     record = {"k": list(range(10)), "s": "text"}
     size = len(Encoder().encode(record))
