@@ -101,16 +101,15 @@ def test_a_receiver_continues_the_senders_span_in_another_process(bpath: str) ->
                 with tracer.start_as_current_span("publish") as span:
                     await bc.send({"name": "broadcast"})
                 sent["broadcast"] = ids(span)
-                got.extend(await anyio.to_thread.run_sync(queue.get, True, 30))
 
-    got: list[Any] = []
     with spawned(receiver, theirs, bpath, queue, joined) as child:
         anyio.run(sender)
+        got = queue.get(timeout=30)
         child.join(20)
     assert child.exitcode == 0
     queue.close()
     queue.join_thread()
-    del queue
+    del queue, sender  # (the queue's semaphores go now, not after the leak check)
     gc.collect()
     by_name = {name: (tid, parent) for name, tid, parent in got}
     assert set(by_name) == {"one", "array", "untraced", "broadcast"}
