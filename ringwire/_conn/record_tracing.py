@@ -56,7 +56,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Mapping
 
 from .._wire.codec import Decoder, Encoder, Placer
-from .._wire.traced import split, wrap
+from .._wire.traced import head, split, wrap_head
 from .endpoint import Endpoint
 from .tracing import OTEL_TRACE, api, installed, parent_context, traceparent_of
 
@@ -75,9 +75,15 @@ _RECEIVED: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextV
 )
 
 
-def _current_field() -> list[str] | None:
-    """The current span's ``[traceparent, tracestate?]``, or ``None`` (no span, or the
-    application never imported OpenTelemetry)."""
+# (span context, the Ext 22 head of its records): the last one a record was sent under
+# (one tuple, replaced whole: threads may race to replace it, never to read half of it)
+_last: tuple[Any, bytes] = (None, b"")
+
+
+def _current_head() -> bytes | None:
+    """The Ext 22 head (:func:`ringwire._wire.traced.head`) of the current span's
+    context, or ``None`` (no span, or the application never imported OpenTelemetry)."""
+    global _last
     if OTEL_TRACE not in sys.modules:
         return None
     otel = api()
@@ -85,13 +91,19 @@ def _current_field() -> list[str] | None:
     if span is otel.invalid_span:
         return None
     context = span.get_span_context()
+    last = _last
+    if last[0] is context:  # (held here, so no other object can have its id)
+        return last[1]
     if not context.is_valid:
         return None
-    return traceparent_of(context)
+    field = traceparent_of(context)
+    prefix = head(field[0], field[1] if len(field) > 1 else "")
+    _last = (context, prefix)
+    return prefix
 
 
-def _wrap(payload: bytes, field: list[str]) -> bytes:
-    out = wrap(payload, field[0], field[1] if len(field) > 1 else "")
+def _wrap(payload: bytes, prefix: bytes) -> bytes:
+    out = wrap_head(prefix, payload)
     frames = getattr(payload, "frames", None)
     if frames is not None:  # a TCP record's buffers travel beside it (Framed)
         framed: Any = type(payload)(out)  # (the payload's own class: Framed)
@@ -114,13 +126,13 @@ class TracingEncoder:
 
     def encode(self, obj: Any) -> bytes:
         payload = self.inner.encode(obj)
-        field = _current_field()
-        return payload if field is None else _wrap(payload, field)
+        prefix = _current_head()
+        return payload if prefix is None else _wrap(payload, prefix)
 
     def encode_with(self, obj: Any, placer: Placer) -> bytes:
         payload = self.inner.encode_with(obj, placer)
-        field = _current_field()
-        return payload if field is None else _wrap(payload, field)
+        prefix = _current_head()
+        return payload if prefix is None else _wrap(payload, prefix)
 
     def encode_many_with(
         self, items: Sequence[Any], start: int, placer: Any, out: list[bytes]
@@ -131,10 +143,10 @@ class TracingEncoder:
         try:
             return self.inner.encode_many_with(items, start, placer, out)
         finally:
-            field = _current_field()
-            if field is not None:
+            prefix = _current_head()
+            if prefix is not None:
                 for i in range(first, len(out)):
-                    out[i] = _wrap(out[i], field)
+                    out[i] = _wrap(out[i], prefix)
 
     def encode_into(self, obj: Any, buffer: bytearray, offset: int = 0) -> None:
         payload = self.encode(obj)

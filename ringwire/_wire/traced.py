@@ -35,7 +35,7 @@ from typing import Any
 from .._errors import DecodeError
 from . import ext as X
 
-__all__ = ["MAX_TRACEPARENT", "MAX_TRACESTATE", "body", "split", "wrap"]
+__all__ = ["MAX_TRACEPARENT", "MAX_TRACESTATE", "body", "head", "split", "wrap", "wrap_head"]
 
 MAX_TRACEPARENT = 256  # W3C: 55 characters for version 00; a later version may append
 MAX_TRACESTATE = 8192  # W3C: at most 32 members (512 characters recommended)
@@ -56,31 +56,49 @@ def _str(text: str) -> bytes:
     return b"\xda" + _U16.pack(n) + raw
 
 
-def wrap(payload: bytes, traceparent: str, tracestate: str) -> bytes:
-    """``payload`` (a record's msgpack) as an Ext 22 carrying the context.  Raises
-    ``ValueError`` for a header longer than the limits (never from a valid span)."""
+def head(traceparent: str, tracestate: str) -> bytes:
+    """The part of an Ext 22 payload before the record (the array header and the two
+    strings): made once per span context by a sender.  Raises ``ValueError`` for a
+    header longer than the limits (never from a valid span)."""
     if len(traceparent) > MAX_TRACEPARENT or len(tracestate) > MAX_TRACESTATE:
         raise ValueError("a traceparent or tracestate longer than the W3C allows")
-    head = b"\x93" + _str(traceparent) + _str(tracestate)
-    n = len(head) + len(payload)
+    return b"\x93" + _str(traceparent) + _str(tracestate)
+
+
+def wrap_head(prefix: bytes, payload: bytes) -> bytes:
+    """``payload`` (a record's msgpack) as an Ext 22 whose payload starts with
+    ``prefix`` (made by :func:`head`)."""
+    n = len(prefix) + len(payload)
     if n < 256:
         ext = bytes((0xC7, n, _TRACED))
     elif n < 65536:
         ext = b"\xc8" + _U16.pack(n) + bytes((_TRACED,))
     else:
         ext = b"\xc9" + _U32.pack(n) + bytes((_TRACED,))
-    return b"".join((ext, head, payload))
+    return b"".join((ext, prefix, payload))
+
+
+def wrap(payload: bytes, traceparent: str, tracestate: str) -> bytes:
+    """``payload`` (a record's msgpack) as an Ext 22 carrying the context.  Raises
+    ``ValueError`` for a header longer than the limits (never from a valid span)."""
+    return wrap_head(head(traceparent, tracestate), payload)
+
+
+# the longest prefix of a payload body() looks at: the array header, and both strings
+# at their limits with str16 headers
+_PREFIX = 1 + 3 + MAX_TRACEPARENT + 3 + MAX_TRACESTATE
+_SHORT = 128  # enough for a version-00 traceparent and a short tracestate
 
 
 def split(buf: Any) -> tuple[str, str, memoryview] | None:
     """The ``(traceparent, tracestate, record bytes)`` of a message that is one Ext 22,
     or ``None`` (any other message: not looked into).  Raises
     :class:`~ringwire.DecodeError` for a malformed Ext 22."""
+    b0 = buf[0] if len(buf) > 2 else 0
+    if b0 < 0xC7 or (0xC9 < b0 < 0xD4) or b0 > 0xD8:  # not an ext: the usual case
+        return None
     view = memoryview(buf)
     n = len(view)
-    if n < 3:
-        return None
-    b0 = view[0]
     if b0 == 0xC7:
         size, start = view[1], 3
     elif b0 == 0xC8:
@@ -91,10 +109,8 @@ def split(buf: Any) -> tuple[str, str, memoryview] | None:
         if n < 6:
             return None
         size, start = _U32.unpack_from(view, 1)[0], 6
-    elif b0 in _FIXEXT:
-        size, start = _FIXEXT[b0], 2
     else:
-        return None
+        size, start = _FIXEXT[b0], 2
     if view[start - 1] != _TRACED:
         return None
     if start + size != n:
@@ -105,8 +121,12 @@ def split(buf: Any) -> tuple[str, str, memoryview] | None:
     return body(view[start:])
 
 
-def _read_str(data: memoryview, at: int, limit: int, what: str) -> tuple[str, int]:
+def _read_str(data: bytes, at: int, limit: int, what: str, total: int) -> tuple[str, int] | None:
+    """The string at ``at`` of ``data`` (a prefix of a ``total``-byte payload) and the
+    position after it; ``None`` when it runs past a prefix shorter than the payload."""
     n = len(data)
+    if at + 3 > n and n < total:
+        return None
     if at >= n:
         raise DecodeError(f"Ext 22 (traced record): the payload ends before its {what}")
     b = data[at]
@@ -121,9 +141,11 @@ def _read_str(data: memoryview, at: int, limit: int, what: str) -> tuple[str, in
     if size > limit:
         raise DecodeError(f"Ext 22 (traced record): a {size}-byte {what} (at most {limit})")
     if at + size > n:
+        if n < total:
+            return None
         raise DecodeError(f"Ext 22 (traced record): its {what} runs past the payload")
     try:
-        return str(data[at : at + size], "utf-8"), at + size
+        return data[at : at + size].decode(), at + size
     except UnicodeDecodeError as exc:
         raise DecodeError(f"Ext 22 (traced record): its {what} is not UTF-8") from exc
 
@@ -131,13 +153,24 @@ def _read_str(data: memoryview, at: int, limit: int, what: str) -> tuple[str, in
 def body(data: memoryview) -> tuple[str, str, memoryview]:
     """An Ext 22 payload's ``(traceparent, tracestate, record bytes)``.  Raises
     :class:`~ringwire.DecodeError` for a malformed one."""
-    if not len(data) or data[0] != 0x93:
+    total = len(data)
+    if not total or data[0] != 0x93:
         raise DecodeError(
             "Ext 22 (traced record): the payload is not an array of "
             "[traceparent, tracestate, record]"
         )
-    traceparent, at = _read_str(data, 1, MAX_TRACEPARENT, "traceparent")
-    tracestate, at = _read_str(data, at, MAX_TRACESTATE, "tracestate")
-    if at >= len(data):
+    # the strings are read from a short copy (bytes index and slice fast); a long
+    # tracestate needs a longer one
+    prefix = bytes(data[:_SHORT])
+    tp = _read_str(prefix, 1, MAX_TRACEPARENT, "traceparent", total)
+    ts = None if tp is None else _read_str(prefix, tp[1], MAX_TRACESTATE, "tracestate", total)
+    if tp is None or ts is None:  # (never short now: a whole payload, or all one may need)
+        prefix = bytes(data[:_PREFIX])
+        tp = _read_str(prefix, 1, MAX_TRACEPARENT, "traceparent", len(prefix))
+        assert tp is not None
+        ts = _read_str(prefix, tp[1], MAX_TRACESTATE, "tracestate", len(prefix))
+        assert ts is not None
+    traceparent, (tracestate, at) = tp[0], ts
+    if at >= total:
         raise DecodeError("Ext 22 (traced record): the payload holds no record")
     return traceparent, tracestate, data[at:]

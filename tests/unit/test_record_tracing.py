@@ -100,13 +100,15 @@ async def connected(**kw: Any) -> tuple[Channel, Channel]:
 
 
 @pytest.mark.parametrize("size", [0, 40, 300, 70_000])
-def test_wrap_and_split_round_trip_in_every_ext_size(size: int) -> None:
+@pytest.mark.parametrize("state", ["", "k=v", "k=" + "v" * 200, "k=" + "v" * 8000])
+def test_wrap_and_split_round_trip_in_every_ext_size(size: int, state: str) -> None:
     payload = Encoder().encode({"x": "y" * size})
-    wire = traced.wrap(payload, TP, "k=v")
+    wire = traced.wrap(payload, TP, state)
     tp, ts, rec = traced.split(wire)  # type: ignore[misc]
-    assert (tp, ts, bytes(rec)) == (TP, "k=v", payload)
+    assert (tp, ts, bytes(rec)) == (TP, state, payload)
     assert TracingDecoder().decode(wire) == {"x": "y" * size}
-    assert ringwire.received_trace() == {"traceparent": TP, "tracestate": "k=v"}
+    want = {"traceparent": TP, "tracestate": state} if state else {"traceparent": TP}
+    assert ringwire.received_trace() == want
     assert Decoder().decode(wire) == {"x": "y" * size}  # unwrapped, context dropped
     assert traced.split(payload) is None
 
@@ -130,6 +132,12 @@ HOSTILE = [
     pytest.param(b"\xd4\x16\x93", id="fixext1"),
     pytest.param(b"\xc8\x01\x04\x16" + b"\x93\xda\x01\x01" + b"a" * 257 + b"\xa0\x01", id="long"),
     pytest.param(b"\xc7\x04\x16\x93\xa0\xa0\xc1", id="record-malformed"),
+    pytest.param(
+        b"\xc8\x01\x05\x16" + b"\x93\xa0\xda\x01\x00" + b"a" * 255 + b"\x01", id="state-past-end"
+    ),
+    pytest.param(
+        b"\xc8\x20\x05\x16\x93\xa0\xda\x20\x01" + b"a" * 8193 + b"\x01", id="state-too-long"
+    ),
 ]
 
 
