@@ -227,6 +227,35 @@ async def test_an_undecodable_traced_record_releases_its_slots(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("nixl", ["0", "1"], ids=["frames", "nixl-if-installed"])
+async def test_an_undecodable_traced_record_releases_its_buffers_over_tcp(
+    spans: None, nixl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same over TCP: the arrays travel as frames (Ext 20) or through NIXL (Ext 21,
+    where it is installed) and count against the sender's budget until the receiver
+    releases them (each pool's salvage looks inside Ext 22)."""
+    monkeypatch.setenv("RINGWIRE_NIXL", nixl)
+    async with ringwire.listen("tcp://127.0.0.1:0", slots=SLOTS) as lst:
+        async with await ringwire.connect(lst.path, slots=SLOTS) as c:
+            ringwire.trace_records(c)
+            conn = await lst.accept()
+            ringwire.trace_records(conn)
+            with anyio.fail_after(20):
+                for i in range(10):
+                    with tracer.start_as_current_span("send"):
+                        await c.send({"a": np.full(8192, i, dtype=np.int64)})
+                    with pytest.raises(DecodeError):
+                        await conn.receive(type=int)
+                with tracer.start_as_current_span("send") as span:
+                    await c.send({"a": np.full(8192, 10, dtype=np.int64)})
+                got = await conn.receive()
+                assert (got["a"] == 10).all()
+                del got
+                assert ringwire.received_trace() == {"traceparent": header_of(span)}
+            await conn.aclose()
+
+
+@pytest.mark.anyio
 async def test_no_span_or_no_opt_in_adds_no_byte(spans: None) -> None:
     record = {"k": list(range(10)), "s": "text"}
     size = len(Encoder().encode(record))
