@@ -61,6 +61,7 @@ How the package is built (imports point one way: down)::
                            core, Broadcaster, Subscriber)
         memory.py          an in-memory transport (tests drive the core with it)
         calls.py, sync_calls.py, callcore.py   request -> reply (drivers; sans-IO core)
+        tracing.py, record_tracing.py   OpenTelemetry: calls' and records' trace context
         statistics.py      the statistics snapshots
     ringwire/_shm/         the shared-memory transport: Unix sockets, the handshake,
                            slot pools (send / receive), the broadcast ring's ends
