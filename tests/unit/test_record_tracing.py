@@ -353,6 +353,23 @@ async def test_an_async_broadcast_and_subscriber(bpath: str, spans: None) -> Non
             continued(span)
 
 
+def test_the_tracing_encoder_wraps_every_record_of_a_batch_under_a_span(spans: None) -> None:
+    enc, plain = TracingEncoder(Encoder()), Encoder()
+    items = [{"i": i} for i in range(4)]
+    out: list[bytes] = [b"before"]
+    assert enc.encode_many_with(items, 1, [], out) == 4
+    assert out == [b"before", *(plain.encode(x) for x in items[1:])]  # no span: as is
+    with tracer.start_as_current_span("batch") as span:
+        out = []
+        assert enc.encode_many_with(items, 0, [], out) == 4
+        buf = bytearray(b"xy")
+        enc.encode_into(items[0], buf, -1)
+    for payload, item in zip(out, items):
+        tp, ts, rec = traced.split(payload)  # type: ignore[misc]
+        assert (tp, ts, bytes(rec)) == (header_of(span), "", plain.encode(item))
+    assert bytes(buf) == b"xy" + out[0]
+
+
 def test_trace_records_refuses_what_is_not_an_end() -> None:
     with pytest.raises(TypeError, match="not int"):
         ringwire.trace_records(3)
