@@ -23,7 +23,13 @@ current, wraps the payload in an Ext 22 with that span's ``[traceparent,
 tracestate]`` (:mod:`ringwire._wire.traced`).  No span is made per record: the
 record continues the sender's current span.  With no span current the record is the
 untraced one, byte for byte; the cost is a ``sys.modules`` lookup and one
-``get_current_span()``.
+``get_current_span()``.  The head of a span's records (the two strings) is made once
+per span context and kept for the next record.  A batch on an end with a slot pool
+is encoded record by record (the reusing fast path is for the plain encoder only).
+
+**Costs** (the in-process encode + decode of a 56-byte record, a loaded 2-core AMD
+EPYC): untraced 1.1 us; opted in, no span current 2.0 us; a span current (the SDK)
+4.3 us, and 62 bytes more on the wire (a traceparent, an empty tracestate).
 
 **Receiving.**  A tracing decoder looks at a message's first bytes: an Ext 22 is
 split, the record decoded (with the decoder's type) and its context remembered for
