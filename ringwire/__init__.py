@@ -62,6 +62,7 @@ How the package is built (imports point one way: down)::
                            core, Broadcaster, Subscriber)
         memory.py          an in-memory transport (tests drive the core with it)
         calls.py, sync_calls.py, callcore.py   request -> reply (drivers; sans-IO core)
+        tracing.py, record_tracing.py   OpenTelemetry: calls' and records' trace context
         statistics.py      the statistics snapshots
         observed.py        the weak registry of live endpoints the metrics read
     ringwire/_shm/         the shared-memory transport: Unix sockets, the handshake,
@@ -105,6 +106,7 @@ from ._conn.connect import DEFAULT_CAPACITY, connect, connect_sync
 from ._conn.endpoint import DEFAULT_SPIN_US
 from ._conn.listener import Listener, listen
 from ._conn.pair import PairEnd, pair
+from ._conn.record_tracing import continue_trace, received_trace, trace_records
 from ._conn.statistics import ChannelStatistics, ListenerStatistics
 from ._conn.subscriber import Subscriber, SyncSubscriber, subscribe, subscribe_sync
 from ._conn.sync_calls import SyncClient, call_cancelled, serve_sync
@@ -200,6 +202,7 @@ __all__ = [
     "call_cancelled",
     "connect",
     "connect_sync",
+    "continue_trace",
     "copy_out",
     "decode",
     "encode",
@@ -208,10 +211,12 @@ __all__ = [
     "native",
     "native_reason",
     "pair",
+    "received_trace",
     "release",
     "serve",
     "serve_sync",
     "subscribe",
     "subscribe_sync",
     "sweep_segments",
+    "trace_records",
 ]

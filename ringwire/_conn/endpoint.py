@@ -185,9 +185,9 @@ class Endpoint:
         self._releases_ready: Callable[[], Any] = (
             self.pool.releases_ready if self.pool is not None else _nothing
         )
-        self._resolver = self.peer.resolve if self.peer is not None else _no_pool
-        self.dec = Decoder(type, resolver=self._resolver)
-        self._decoders: dict[Any, Decoder] = {type: self.dec}
+        self.resolver = self.peer.resolve if self.peer is not None else _no_pool
+        self.dec = Decoder(type, resolver=self.resolver)
+        self.decoders: dict[Any, Decoder] = {type: self.dec}
         # counters
         self.n_sent = self.n_recv = self.b_sent = self.b_recv = 0
         self.send_parks = self.recv_parks = self.slot_waits = 0
@@ -204,9 +204,9 @@ class Endpoint:
     def decoder_for(self, tp: Any) -> Decoder:
         if tp is UNSET:
             return self.dec
-        dec = self._decoders.get(tp)
+        dec = self.decoders.get(tp)
         if dec is None:
-            dec = self._decoders[tp] = Decoder(tp, resolver=self._resolver)
+            dec = self.decoders[tp] = type(self.dec)(tp, resolver=self.resolver)
         return dec
 
     # -- state ------------------------------------------------------------------------

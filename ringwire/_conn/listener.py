@@ -48,6 +48,7 @@ from .netconn import (
 )
 from .observed import track
 from .options import DEFAULT_HANDSHAKE_TIMEOUT, check_options, receiving
+from .record_tracing import enable as enable_tracing
 from .statistics import ListenerStatistics
 
 __all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "Listener", "ListenerBase", "listen", "listener_counters"]
@@ -98,6 +99,8 @@ class ListenerBase(Generic[_Ch, _C]):
     and reading, dropping and parking connections.  A driver sets ``_guard`` (the
     blocking one: its lock; the async one has none) and its own state in
     :meth:`_open`."""
+
+    traces_records = False  # ringwire.trace_records(listener) sets it
 
     def __init__(
         self,
@@ -235,7 +238,10 @@ class ListenerBase(Generic[_Ch, _C]):
 
     def _endpoint(self, transport: Any) -> Endpoint:
         receiving(transport, self._copy_out)
-        return Endpoint(transport, type=self._type, spin_us=self._spin_us, name=self.path)
+        core = Endpoint(transport, type=self._type, spin_us=self._spin_us, name=self.path)
+        if self.traces_records:
+            enable_tracing(core)
+        return core
 
     def _log_refusal(self, exc: BaseException) -> None:
         logger.warning("ringwire listener %s refused a connection: %s", self.path, str(exc))

@@ -48,7 +48,9 @@ is called once per answered call whose server reported them (traced calls includ
 The hook runs in the caller (its task, its thread), after the answer is in; it must not
 block, and what it raises is logged and dropped (logger ``ringwire.calls``).
 
-Channels and broadcasts do not carry trace context yet: only calls do.
+Records on channels and broadcasts carry the context too where an end opts in
+(:func:`ringwire.trace_records`, :mod:`ringwire._conn.record_tracing`), with the same
+headers as a CALL's ``trace``.
 """
 
 from __future__ import annotations
@@ -61,7 +63,17 @@ from typing import Any, Callable, Optional
 
 from .._wire.envelope import CALL, ERROR, TracedEnvelope, remote_error
 
-__all__ = ["OTEL_TRACE", "CallTrace", "ServeSpan", "call_trace", "installed", "serve_span"]
+__all__ = [
+    "OTEL_TRACE",
+    "CallTrace",
+    "ServeSpan",
+    "api",
+    "call_trace",
+    "installed",
+    "parent_context",
+    "serve_span",
+    "traceparent_of",
+]
 
 logger = logging.getLogger("ringwire.calls")
 
@@ -123,6 +135,11 @@ def _api() -> _Otel:
     return _otel
 
 
+def api() -> _Otel:
+    """What the glue uses of ``opentelemetry-api`` (imported on the first call)."""
+    return _otel or _api()
+
+
 def _traceparent(context: Any) -> list[str]:
     """A span's context as the CALL's ``trace``: ``[traceparent, tracestate]`` (the
     W3C headers, version 00; the tracestate only when there is one)."""
@@ -169,6 +186,10 @@ def _parent(otel: _Otel, field: list[str]) -> Any:
         trace_state=state,
     )
     return otel.trace.set_span_in_context(otel.remote_span(context))
+
+
+traceparent_of = _traceparent  # (the names other modules use)
+parent_context = _parent
 
 
 def _end(otel: _Otel, span: Any, exc: BaseException | None, cancelled: bool) -> None:

@@ -94,7 +94,7 @@ logger = logging.getLogger("ringwire")
 _EXT4 = re.compile(
     rb"[\xd4-\xd8][\x04\x05]|\xc7.[\x04\x05]|\xc8..[\x04\x05]|\xc9....[\x04\x05]", re.S
 )
-_NESTED = (X.TUPLE, X.SET, X.FROZENSET)  # codes whose body is msgpack again
+_NESTED = (X.TUPLE, X.SET, X.FROZENSET, X.TRACED)  # codes whose body is msgpack again
 _enc = msgspec.msgpack.Encoder()
 _SENT_PATIENCE = GRACE + LINGER_MS / 1000 + 5.0  # seconds a closed socket may hold frames
 _UNPREPARED: tuple[Any, Any] = (None, None)

@@ -761,10 +761,14 @@ class NixlRecvPool(NetRecvPool):
                         self._resolved[ref.tag] = None
                         region, offset, _, _ = landed.entries[ref.entry]
                         found.append((ref, region, offset))
+            elif code == X.TRACED:  # a traced record: the references are in its body
+                with contextlib.suppress(Exception):
+                    reader.decode(data)
             return None
 
+        reader = msgspec.msgpack.Decoder(ext_hook=hook)
         with contextlib.suppress(Exception):
-            msgspec.msgpack.Decoder(ext_hook=hook).decode(payload)
+            reader.decode(payload)
         for ref, region, offset in found:
             self._release_now(ref, region, offset)
         return n + len(found)

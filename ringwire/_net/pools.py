@@ -563,10 +563,14 @@ class NetRecvPool(RecvPoolBase):
                     if ref.tag not in self._resolved and ref.tag not in self.held:
                         self._resolved[ref.tag] = None
                         found.append((ref.tag, ref.generation))
+            elif code == X.TRACED:  # a traced record: the references are in its body
+                with contextlib.suppress(Exception):
+                    reader.decode(data)
             return None
 
+        reader = msgspec.msgpack.Decoder(ext_hook=hook)
         with contextlib.suppress(Exception):
-            msgspec.msgpack.Decoder(ext_hook=hook).decode(payload)
+            reader.decode(payload)
         for tag, gen in found:
             self.queue.push(tag, gen)
         return len(found)

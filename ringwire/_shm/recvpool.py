@@ -384,10 +384,14 @@ class ShmRecvPool(RecvPoolBase):
                 ):
                     done.add(key)
                     found.append(key)
+            elif code == X.TRACED:  # a traced record: the references are in its body
+                with contextlib.suppress(Exception):
+                    reader.decode(data)
             return None
 
+        reader = msgspec.msgpack.Decoder(ext_hook=hook)
         with contextlib.suppress(Exception):
-            msgspec.msgpack.Decoder(ext_hook=hook).decode(payload)
+            reader.decode(payload)
         for slot, gen in found:
             self.queue.push(slot, gen)
         return len(found)

@@ -61,6 +61,7 @@ from .dtypes import (
 )
 from .leaves import LEAF_ENCODERS, leaf_decoders, leaf_encoder
 from .lift import ATOMIC, map_dict, map_list, needs_lift, struct_plan
+from .traced import body as traced_body
 
 __all__ = ["Encoder", "Decoder", "encode", "decode"]
 
@@ -559,6 +560,7 @@ class Decoder:
             X.CUDA_REF: self._cuda_ref,
             X.NET_REF: self._net_ref,
             X.NIXL_REF: self._nixl_ref,
+            X.TRACED: self._traced,
             X.TUPLE: self._tuple,
             X.TORCH_SIZE: self._torch_size,
             X.TORCH_DTYPE: self._torch_dtype,
@@ -705,6 +707,10 @@ class Decoder:
     def _nixl_ref(self, data: memoryview) -> Any:
         ref = decode_descriptor(NixlRef, data)
         return ref if self._resolver is None else self._resolver(ref)
+
+    def _traced(self, data: memoryview) -> Any:
+        # a traced record this decoder does not continue (the context is dropped)
+        return self._any.decode(traced_body(data)[2])
 
     def _tuple(self, data: memoryview) -> tuple[Any, ...]:
         items = self._decode_any(data, "Ext 6 (tuple)")

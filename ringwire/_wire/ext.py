@@ -31,6 +31,9 @@ code   meaning                       payload
 21     NIXL tensor reference         msgpack :class:`ringwire.wire.NixlRef` (versioned): an array
                                      the receiver reads through NIXL from the sender's
                                      registered memory (:mod:`ringwire._net.nixl`)
+22     traced record                 msgpack [traceparent, tracestate, the record]: a
+                                     record and its sender's W3C trace context
+                                     (:mod:`.traced`; only at the top of a message)
 =====  ============================  =====================================================
 
 Codes 6-19 are *typed leaves*: values msgspec would encode as something else (an
@@ -77,6 +80,7 @@ UUID = 18
 DECIMAL = 19
 NET_REF = 20
 NIXL_REF = 21
+TRACED = 22
 
 
 class ExtCode(enum.IntEnum):
@@ -103,3 +107,4 @@ class ExtCode(enum.IntEnum):
     DECIMAL = DECIMAL
     NET_REF = NET_REF
     NIXL_REF = NIXL_REF
+    TRACED = TRACED

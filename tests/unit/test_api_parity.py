@@ -48,12 +48,15 @@ ONE_SIDED_FUNCTIONS: dict[str, str] = {}
 NO_WAITING = {
     "borrow",
     "call_cancelled",
+    "continue_trace",
     "copy_out",
     "decode",
     "encode",
     "pair",
+    "received_trace",
     "release",
     "sweep_segments",
+    "trace_records",
 }
 # classes with async methods that serve both drivers themselves
 ONE_CLASS_FOR_BOTH = {

@@ -279,6 +279,7 @@ def test_ext_code_table_is_stable() -> None:
         "DECIMAL": 19,
         "NET_REF": 20,
         "NIXL_REF": 21,
+        "TRACED": 22,
     }
 
 
@@ -287,6 +288,20 @@ class GoldenItem(Record):
     hash: Optional[int] = None
     offsets: Optional[list[tuple[int, int]]] = None
     feature: object = None
+
+
+def test_golden_traced_record_bytes() -> None:
+    """Ext 22: [traceparent, tracestate, the record as is] (ringwire._wire.traced)."""
+    from ringwire._wire.traced import wrap
+
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    item = GoldenItem(modality="image", hash=5, offsets=[(0, 1)], feature=(1, 2))
+    record = bytes.fromhex("9580a5696d6167650591920001c70306920102")
+    # ext 8, 81 bytes, code 22: array of 3, str8 of 55, fixstr "k=v", then the record
+    wire = bytes.fromhex("c7511693d937") + tp.encode() + bytes.fromhex("a36b3d76") + record
+    assert wrap(enc.encode(item), tp, "k=v") == wire
+    assert Decoder(GoldenItem).decode(wire[6 + 55 + 4 :]) == item
+    assert dec.decode(wire) == [{}, "image", 5, [[0, 1]], (1, 2)]  # untyped: unwrapped
 
 
 def test_golden_record_bytes() -> None:
