@@ -528,9 +528,10 @@ def test_metrics_scrape(pipeline_server: _Server) -> None:
         time.sleep(0.1)
     for w in ("tokenizer", "scheduler"):  # the slot pools were there, and are all free
         assert any(n == "ringwire_slots_in_use" for n, _, _ in now[w]), w
-    kind = {"tokenizer": "channel", "scheduler": "broadcast"}
-    for w, k in kind.items():
-        free = [(lab, v) for n, lab, v in now[w] if n == "ringwire_slots_free" and lab["kind"] == k]
+    # (the tokenizer's pool is its call channel's: a Client's, kind "client")
+    kinds = {"tokenizer": ("channel", "client"), "scheduler": ("broadcast",)}
+    for w, ks in kinds.items():
+        free = [(lab, v) for n, lab, v in now[w] if n == "ringwire_slots_free" and lab["kind"] in ks]
         assert sum(v for _, v in free) == 48, (w, free)  # FEATURE_SLOTS: 3 classes x 16
 
 
