@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.absent import blocker
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -613,19 +613,7 @@ def test_one_trace_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 # what `pip uninstall prometheus_client opentelemetry-api opentelemetry-sdk` leaves: a
 # sitecustomize (every process of the pipeline inherits PYTHONPATH) refusing them
-_BLOCKER = textwrap.dedent(
-    """
-    import importlib.abc, sys
-
-    class _Absent(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("prometheus_client", "opentelemetry"):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, _Absent())
-    """
-)
+_BLOCKER = blocker("prometheus_client", "opentelemetry")
 
 
 def test_script_without_observe_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

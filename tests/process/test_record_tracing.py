@@ -13,10 +13,8 @@ import anyio
 import numpy as np
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support.broadcast import SLOTS, bpath_fixture  # noqa: F401
+from support.otel import memory_exporter
 from support.spawn import SPAWN, spawned
 
 import ringwire
@@ -24,20 +22,10 @@ import ringwire
 pytestmark = pytest.mark.multiprocess
 
 
-def _exporter() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
 def receiver(end: ringwire.PairEnd, bpath: str, spans: Any, joined: Any) -> None:
     """Receive three records on the channel and one broadcast, each handled in a span
     that continues the sender's; report the spans as ``(name, trace, parent)``."""
-    exporter = _exporter()
+    exporter = memory_exporter()
     tracer = trace.get_tracer("child")
 
     async def main() -> None:
@@ -71,7 +59,7 @@ def receiver(end: ringwire.PairEnd, bpath: str, spans: Any, joined: Any) -> None
 
 
 def test_a_receiver_continues_the_senders_span_in_another_process(bpath: str) -> None:
-    exporter = _exporter()
+    exporter = memory_exporter()
     exporter.clear()
     tracer = trace.get_tracer("tests")
     mine, theirs = ringwire.pair()

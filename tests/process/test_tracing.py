@@ -13,26 +13,14 @@ from typing import Any
 import anyio
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from support.otel import memory_exporter
 from support.spawn import SPAWN, spawned
 
 import ringwire
 from ringwire import Client, RemoteError, serve
 
 pytestmark = pytest.mark.multiprocess
-
-
-def _exporter() -> InMemorySpanExporter:
-    """An in-memory exporter on this process's SDK provider (set once per process)."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
 
 
 def as_json(span: ReadableSpan, where: str) -> dict[str, Any]:
@@ -57,7 +45,7 @@ def as_json(span: ReadableSpan, where: str) -> dict[str, Any]:
 
 
 def back(end: ringwire.PairEnd, spans: Any, slow_started: Any) -> None:
-    exporter = _exporter()
+    exporter = memory_exporter()
 
     async def handler(x: str) -> str:
         if x == "boom":
@@ -78,7 +66,7 @@ def back(end: ringwire.PairEnd, spans: Any, slow_started: Any) -> None:
 
 
 def middle(front_end: ringwire.PairEnd, back_end: ringwire.PairEnd, spans: Any) -> None:
-    exporter = _exporter()
+    exporter = memory_exporter()
 
     async def main() -> None:
         async with await front_end.connect() as chan:
@@ -99,7 +87,7 @@ def middle(front_end: ringwire.PairEnd, back_end: ringwire.PairEnd, spans: Any) 
 
 
 def test_one_trace_chains_across_three_processes() -> None:
-    exporter = _exporter()
+    exporter = memory_exporter()
     exporter.clear()
     tracer = trace.get_tracer("tests")
     front_end, middle_end = ringwire.pair()

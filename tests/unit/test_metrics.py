@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from support.absent import blocker
 
 import ringwire
 from ringwire._conn import observed
@@ -513,20 +514,7 @@ def test_opentelemetry_observable_instruments(sync_pair: Any) -> None:
 
 # -- without the optional packages ------------------------------------------------------------
 
-BLOCKER = textwrap.dedent(
-    '''
-    import importlib.abc, sys
-
-    class _Absent(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            top = name.split(".")[0]
-            if top in ("prometheus_client", "opentelemetry"):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, _Absent())
-    '''
-)
+BLOCKER = blocker("prometheus_client", "opentelemetry")
 
 CHILD = textwrap.dedent(
     """

@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support.absent import blocker
 from support.broadcast import SLOTS, bpath_fixture, digest, step  # noqa: F401
 
 import ringwire
@@ -378,17 +379,9 @@ def test_trace_records_refuses_what_is_not_an_end() -> None:
 
 # -- without OpenTelemetry --------------------------------------------------------------------
 
-NO_OTEL = textwrap.dedent(
+NO_OTEL = blocker("opentelemetry") + textwrap.dedent(
     """
-    import importlib.abc, json, sys
-
-    class NoOtel(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "opentelemetry" or name.startswith("opentelemetry."):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, NoOtel())
+    import json
     import ringwire
     from ringwire._wire import traced
 

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from support.absent import blocker
 
 import ringwire
 from ringwire import Channel, Client, RemoteError, SyncClient, serve, serve_sync
@@ -432,17 +433,9 @@ def test_a_raising_timing_hook_is_logged_and_the_call_still_answers(
 
 # -- without OpenTelemetry --------------------------------------------------------------------
 
-NO_OTEL = textwrap.dedent(
+NO_OTEL = blocker("opentelemetry") + textwrap.dedent(
     """
-    import importlib.abc, json, sys
-
-    class NoOtel(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "opentelemetry" or name.startswith("opentelemetry."):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, NoOtel())
+    import json
     import anyio
     import ringwire
     from ringwire._conn import tracing
