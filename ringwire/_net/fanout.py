@@ -204,8 +204,7 @@ class Fanout:
         self.release = release
         self.conns: dict[int, RemoteReader] = {}  # rank -> admitted
         self._txs: list[Any] = []  # the admitted connections' sending lanes (per record)
-        self._joining: dict[int, RemoteReader] = {}  # fd -> waiting for its Join
-        self._by_fd: dict[int, RemoteReader] = {}
+        self._by_fd: dict[int, RemoteReader] = {}  # every connection (rank -1: joining)
         self.refused = 0
         self.sent = 0  # records put on connections
         self._prepared: tuple[Any, Any] = _UNPREPARED  # (payload, what goes out)
@@ -261,8 +260,8 @@ class Fanout:
     def next_deadline(self) -> float | None:
         """When the earliest attach or join in progress times out (``None``: none)."""
         until = self.acceptor.next_deadline() if not self.closed else None
-        for rr in self._joining.values():
-            if until is None or rr.deadline < until:
+        for rr in self._by_fd.values():
+            if rr.rank < 0 and (until is None or rr.deadline < until):
                 until = rr.deadline
         return until
 
@@ -275,7 +274,6 @@ class Fanout:
         rr = RemoteReader(t, time.monotonic() + self.handshake_timeout)
         fd = t.fileno()
         self._by_fd[fd] = rr
-        self._joining[fd] = rr
         self._ep.register(fd, select.EPOLLIN)
         self._step(rr, time.monotonic())  # its Join may be there already
 
@@ -334,7 +332,6 @@ class Fanout:
             self._refuse(rr, str(exc))
             return
         rr.rank = rank
-        del self._joining[t.fileno()]
         self.conns[rank] = rr
         self._txs = [c.t.tx for c in self.conns.values()]
         answer = RemoteJoined(
@@ -371,7 +368,6 @@ class Fanout:
         watching it."""
         fd = rr.t.fileno()
         self._by_fd.pop(fd, None)
-        self._joining.pop(fd, None)
         if rr.rank >= 0 and self.conns.get(rr.rank) is rr:
             del self.conns[rr.rank]
             self._txs = [c.t.tx for c in self.conns.values()]
@@ -459,14 +455,9 @@ class Fanout:
         """Put the record ``prepare`` returned on every admitted connection."""
         self._prepared = _UNPREPARED
         txs = self._txs
-        if type(out) is bytes or not txs:  # no frames, or no one to send them to
-            for tx in txs:
-                tx.try_write(out)
-            self.sent += 1
-            return
-        frames = getattr(out, "frames", None)
-        if frames:  # tracked: see "Frames in flight"
-            frames = out.frames = [zmq.Frame(f, track=True) for f in frames]
+        frames = None  # (plain bytes carry none; with no reader, none is made)
+        if txs and type(out) is not bytes and getattr(out, "frames", None):
+            frames = out.frames = [zmq.Frame(f, track=True) for f in out.frames]  # tracked
         for tx in txs:
             tx.try_write(out)
         self.sent += 1
@@ -559,10 +550,6 @@ class FanoutWriter:
 
     def used(self) -> int:
         return int(self.ring.used())
-
-    @property
-    def free(self) -> int:
-        return int(self.ring.free)
 
     @property
     def reader_closed(self) -> bool:

@@ -582,7 +582,7 @@ class NetAcceptor:
         hello = check_hello(
             decode_rendezvous(data, "hello"), 1 << 30 if self._clamp else self._max_capacity
         )
-        cap = min(hello.capacity, self._max_capacity) if self._clamp else hello.capacity
+        cap = self._lane(hello)
         if len(self._pending) >= MAX_PENDING:
             raise HandshakeError(
                 f"{MAX_PENDING} handshakes are in progress at {self.url} (pid {hello.pid} on "
@@ -697,9 +697,14 @@ class NetAcceptor:
             link = None
         return self._transport(p, p.fd, link, nixl_off)
 
+    def _lane(self, hello: Hello) -> int:
+        """The lane a connection gets for ``hello``: what it asked (clamped to
+        ``max_capacity`` by an acceptor that clamps)."""
+        return min(hello.capacity, self._max_capacity) if self._clamp else hello.capacity
+
     def _transport(self, p: _Pending, fd: int, link: Any, nixl_off: str) -> NetTransport:
         host = f"{p.hello.host} pid {p.hello.pid}"
-        cap = min(p.hello.capacity, self._max_capacity) if self._clamp else p.hello.capacity
+        cap = self._lane(p.hello)
         t = _make_transport(
             p.sock,
             p.mon,
