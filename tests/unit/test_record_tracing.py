@@ -19,11 +19,10 @@ import msgspec
 import numpy as np
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 from support.absent import blocker
 from support.broadcast import SLOTS, bpath_fixture, digest, step  # noqa: F401
+from support.otel import memory_exporter
 
 import ringwire
 from ringwire import Channel, DecodeError, Decoder, Encoder
@@ -32,20 +31,10 @@ from ringwire._net.fanout import to_frames
 from ringwire._wire import traced
 from ringwire._wire.descriptors import NetRef, SlotRef
 
-_EXPORTER = InMemorySpanExporter()
+_EXPORTER = memory_exporter()  # (on this process's SDK provider)
 LOOPBACK = "tcp://127.0.0.1:0"
 
 
-def _provider() -> TracerProvider:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    return provider
-
-
-_PROVIDER = _provider()
 tracer = trace.get_tracer("tests")
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -18,17 +18,16 @@ from typing import Any, Callable
 import anyio
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 from support.absent import blocker
+from support.otel import memory_exporter
 
 import ringwire
 from ringwire import Channel, Client, RemoteError, SyncClient, serve, serve_sync
 from ringwire._conn import tracing
 
-_EXPORTER = InMemorySpanExporter()
+_EXPORTER = memory_exporter()  # (on this process's SDK provider)
 
 
 @pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
@@ -36,16 +35,6 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
-def _provider() -> TracerProvider:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    return provider
-
-
-_PROVIDER = _provider()
 tracer = trace.get_tracer("tests")
 
 
@@ -431,15 +420,9 @@ def test_a_raising_timing_hook_is_logged_and_the_call_still_answers(
     assert "the call timing hook" in caplog.text
 
 
-# -- without OpenTelemetry --------------------------------------------------------------------
-
-NO_OTEL = blocker("opentelemetry") + textwrap.dedent(
+# the untyped ``connected`` of the subprocess scripts below (and their trace parent)
+CONNECTED = textwrap.dedent(
     """
-    import json
-    import anyio
-    import ringwire
-    from ringwire._conn import tracing
-
     TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
     async def connected():
@@ -451,6 +434,18 @@ NO_OTEL = blocker("opentelemetry") + textwrap.dedent(
             tg.start_soon(connect_b)
             ends["a"] = await a.connect()
         return ends["a"], ends["b"]
+    """
+)
+
+
+# -- without OpenTelemetry --------------------------------------------------------------------
+
+NO_OTEL = (
+    blocker("opentelemetry")
+    + "import json, anyio, ringwire\nfrom ringwire._conn import tracing\n"
+    + CONNECTED
+    + textwrap.dedent(
+    """
 
     async def main():
         out = {}
@@ -476,6 +471,7 @@ NO_OTEL = blocker("opentelemetry") + textwrap.dedent(
 
     anyio.run(main)
     """
+    )
 )
 
 
@@ -523,21 +519,8 @@ def test_installed_but_unused_opentelemetry_is_not_imported() -> None:
 def test_a_server_without_the_sdk_passes_the_trace_on_unchanged() -> None:
     """A middle process with opentelemetry-api but no SDK (spans do not record): a
     traced CALL's handler calls onwards, and that CALL carries the same trace id."""
-    script = textwrap.dedent(
+    script = "import json, anyio, ringwire\n" + CONNECTED + textwrap.dedent(
         """
-        import json, anyio, ringwire
-
-        TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-        async def connected():
-            a, b = ringwire.pair()
-            ends = {}
-            async with anyio.create_task_group() as tg:
-                async def connect_b():
-                    ends["b"] = await b.connect()
-                tg.start_soon(connect_b)
-                ends["a"] = await a.connect()
-            return ends["a"], ends["b"]
 
         async def main():
             front, middle = await connected()
