@@ -975,14 +975,6 @@ def zombies() -> list[int]:
     return out
 
 
-# tests/chaos/test_chaos.py::test_a_remote_reader_killed_after_its_hello_is_given_up
-# (xfail): a writer does not give up by itself the attach of a remote reader killed
-# between its hello and its attach (nothing wakes it at the attach's deadline).  Until it
-# does, the round steps the writer's remote side itself once such an attach is overdue,
-# and says so in the outcome.  Set this to False when that test passes.
-NUDGE_OVERDUE_ATTACH = False
-
-
 async def remote_broadcast_round(
     h: Harness, v: Victim, r: Round, rng: random.Random, mode: str
 ) -> None:
@@ -1071,22 +1063,9 @@ async def _remote_broadcast_round(
             failed.append(exc)
 
     fan = bc._core.hub.remote
-    nudged = False
 
     def remote_gone() -> bool:
         return not fan._by_fd and fan.acceptor.next_deadline() is None
-
-    def overdue() -> bool:
-        until = fan.acceptor.next_deadline()
-        return until is not None and time.monotonic() > until + 0.25
-
-    def nudge() -> None:  # (see NUDGE_OVERDUE_ATTACH)
-        if sync:
-            with bc._send_lock:
-                fan.poll()
-        else:
-            fan.poll()
-        bc.poll_readers()  # (the hub settles what the fanout reported)
 
     async with contextlib.AsyncExitStack() as stack:
         if sync:
@@ -1117,9 +1096,6 @@ async def _remote_broadcast_round(
                     stats = await call(bc.statistics)
                     if stats.lost or (stats.joined == 1 and await call(remote_gone)):
                         break
-                    if NUDGE_OVERDUE_ATTACH and overdue():
-                        nudged = True
-                        await call(nudge)
                     await anyio.sleep(0.0005)
                 if stats.lost:  # admitted, then lost
                     r.latencies["noticed"] = time.perf_counter() - v.killed_at
@@ -1145,8 +1121,6 @@ async def _remote_broadcast_round(
         r.outcome = "remote: " + (
             "admitted" if stats.joined == 2 else "refused" if stats.refused else "gone"
         )
-        if nudged:
-            r.outcome += ", its attach overdue (stepped by the round)"
         assert stats.lost == stats.joined - 1 and stats.left == 0, stats
         # every slot back once the local reader let go (the dead one's shares given up)
         with anyio.fail_after(HANG_S):
