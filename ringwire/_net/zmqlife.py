@@ -57,8 +57,17 @@ def context() -> zmq.Context[Any]:
 
 def _at_exit(ctx: zmq.Context[Any], pid: int) -> None:
     if pid == os.getpid() and not ctx.closed:
+        # the connections closed last get their grace too: a peer reading our last
+        # records, E and B over a slow or lossy link hangs up when it has them
+        while _graveyard and reap() and time.monotonic() < _graveyard_until():
+            time.sleep(0.02)
         reap(everything=True)
         ctx.destroy(linger=LINGER_MS)
+
+
+def _graveyard_until() -> float:
+    with _graveyard_lock:
+        return max((until for _, _, until in _graveyard), default=0.0)
 
 
 def configure(sock: zmq.Socket[Any], heartbeat: float, max_message: int) -> None:
@@ -152,8 +161,9 @@ def retire(sock: zmq.Socket[Any], mon: zmq.Socket[Any], *, peer_left: bool = Fal
     reap()
 
 
-def reap(everything: bool = False) -> None:
-    """Close the retired sockets whose peer is gone or whose grace is over."""
+def reap(everything: bool = False) -> bool:
+    """Close the retired sockets whose peer is gone or whose grace is over; ``True``
+    if some are left."""
     now = time.monotonic()
     with _graveyard_lock:
         keep = []
@@ -173,3 +183,4 @@ def reap(everything: bool = False) -> None:
             else:
                 keep.append((sock, mon, until))
         _graveyard[:] = keep
+        return bool(keep)
