@@ -453,6 +453,8 @@ def write_report(results: dict[str, Any], path: Path, plots: Sequence[Path] = ()
         ("broadcast", "Broadcast (one writer, N readers)"),
         ("pipeline", "Pipeline (HTTP -> tokenizer -> scheduler -> N ranks)"),
         ("broadcast_remote", "Broadcast with a remote reader (2 local + 1 over TCP)"),
+        ("tracing", "Tracing (OpenTelemetry absent / idle / a span per call)"),
+        ("metrics", "Metrics (the batched path with a scraped collector)"),
     ):
         doc = _result(results, name)
         if not doc:

@@ -55,7 +55,8 @@ from typing import Any, TextIO
 from ._inspect import PROC, Held, Reader, scan
 from ._pool.segment import SHM_DIR
 from ._wire.broadcast_ring import BROADCAST_WORDS, ENTRY_SIZE, ENTRY_WORDS
-from ._wire.ring import HEADER_SIZE, HEADER_WORDS, WRAP_MARKER, frame_size, max_payload
+from ._wire.ring import HEADER_SIZE, HEADER_WORDS
+from ._wire.ring_walk import count_frames
 
 __all__ = [
     "MAX_WALK",
@@ -77,35 +78,10 @@ WALK_PER_S = 2 << 20
 ``top``'s own CPU however fast the records flow (about a tenth of a core with 8-byte
 frames; past it, windows are converted at the mean frame size)."""
 
-_U32 = struct.Struct("=I")
 _U64 = struct.Struct("=Q")
 _TAIL = 8 * HEADER_WORDS["tail"]
 _HEAD = 8 * HEADER_WORDS["head"]  # a broadcast ring's horizon
 _ENTRY_HEAD = 8 * ENTRY_WORDS["head"]
-
-
-def count_frames(data: bytes, start: int, capacity: int) -> int | None:
-    """The frames in ``data``: the bytes of a ring of ``capacity`` from counter
-    ``start`` on (taken modulo the capacity: ``data`` is what lies between two
-    counters, however it wraps), or ``None`` when they are not a valid chain of frames
-    that ends exactly at the end of ``data``."""
-    limit = max_payload(capacity)
-    mask = capacity - 1
-    rel, n, end = 0, 0, len(data)
-    while rel < end:
-        off = (start + rel) & mask
-        if rel + 4 > end:
-            return None
-        (length,) = _U32.unpack_from(data, rel)
-        if length == WRAP_MARKER:
-            rel += capacity - off
-            continue
-        size = frame_size(length)
-        if length > limit or off + size > capacity:
-            return None
-        rel += size
-        n += 1
-    return n if rel == end else None
 
 
 def _read_span(read: Reader, data_off: int, capacity: int, start: int, end: int) -> bytes:

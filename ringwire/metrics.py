@@ -21,7 +21,7 @@ What is exported (Prometheus names; OpenTelemetry's are ``ringwire.<rest>`` with
 ``_total``, with units): records and payload bytes each way
 (``ringwire_records_total``, ``ringwire_payload_bytes_total``, label ``direction`` =
 ``send`` / ``receive``), unread bytes, ring capacity and fill per lane
-(``ringwire_unread_bytes``, ``ringwire_ring_capacity_bytes``,
+(``ringwire_unread_bytes``, ``ringwire_unread_records``, ``ringwire_ring_capacity_bytes``,
 ``ringwire_ring_fill_ratio``), parks and doorbells each way, tensor slots in use / free
 per class (``slot_size``) / loaned / released / reclaimed, inline fallbacks, slot
 waits, received arrays held and releases pending, errors by kind
@@ -45,8 +45,12 @@ Never a label per record or per request.  Live endpoints with equal labels are s
 Reading happens on the exporter's thread (prometheus_client's HTTP server, the SDK's
 reader) without touching the endpoints (no safe point, no drain): each number is one
 the endpoint really had, not a consistent cut across them.  The unread depth is in
-bytes (the rings' headers count bytes; a record count would need a walk of the
-ring); a lane's fill ratio is its unread bytes over its capacity.
+bytes (the rings' headers count bytes) and, for a channel's rings, in records too:
+those are counted by walking the unread frames at scrape time (exact up to 1024 per
+lane; past them, the rest is estimated at the walked frames' mean size).  A broadcast reports its
+readers' depth in bytes only.  A lane's fill ratio is its unread bytes over its
+capacity.  ``ringwire_hop_latency_seconds`` needs senders that stamp their records
+(``ringwire.trace_records(end, hop_times=True)``) and receivers that opted in.
 """
 
 from __future__ import annotations

@@ -303,6 +303,8 @@ async def _scheduler(ctx: runtime.WorkerContext) -> None:
                 stall_timeout=STEP_TIMEOUT, **tcp,
             )
         )  # fmt: skip
+        if ctx.options.get("metrics"):  # stamp each step: the ranks time its hop
+            ringwire.trace_records(bc, hop_times=True)
         results = await stack.enter_async_context(
             ringwire.listen(where["results"], type=RankOutput, slots=None)
         )
@@ -387,6 +389,8 @@ async def _rank(ctx: runtime.WorkerContext) -> None:
             lambda: ringwire.subscribe(where["steps"], rank=me, type=Step), "the broadcast"
         )
         async with sub:
+            if ctx.options.get("metrics"):  # (the scheduler stamps the steps)
+                ringwire.trace_records(sub)
             ctx.ready()
             await _compute(sub, out, me, ranks)
 

@@ -101,6 +101,7 @@ class ListenerBase(Generic[_Ch, _C]):
     :meth:`_open`."""
 
     traces_records = False  # ringwire.trace_records(listener) sets it
+    stamps_records = False  # (and its hop_times)
 
     def __init__(
         self,
@@ -240,7 +241,7 @@ class ListenerBase(Generic[_Ch, _C]):
         receiving(transport, self._copy_out)
         core = Endpoint(transport, type=self._type, spin_us=self._spin_us, name=self.path)
         if self.traces_records:
-            enable_tracing(core)
+            enable_tracing(core, True, self.stamps_records)
         return core
 
     def _log_refusal(self, exc: BaseException) -> None:

@@ -33,9 +33,9 @@ Invariants
 * **Timings** (:func:`call_timed`, :func:`hop_timed`) are the one thing recorded per
   event: a fixed-bucket histogram per label set, and only while an exporter is on
   (:data:`recording`); the caller checks that flag first, so with no exporter the
-  cost is one attribute load.  Nothing in this slice calls them yet: the call layer
-  (ringwire/_conn/callcore.py) and a receiver that learns a record's publish time
-  (an opt-in per-record context) are their callers.
+  cost is one attribute load.  Their callers: the call layer (a client's timing hook, :func:`client_hook`) and
+  a receiving end that reads records stamped with their publish time
+  (``ringwire.trace_records(end, hop_times=True)``, ringwire/_conn/record_tracing.py).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+from .._wire.ring_walk import unread_records
 from .statistics import channel_statistics
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "TIMING_FAMILIES",
     "call_timed",
     "hop_timed",
+    "kind_of",
     "mark",
     "on_timed",
     "recording",
@@ -114,6 +116,14 @@ FAMILIES: dict[str, Family] = {
         "Bytes published in a ring and not consumed yet (send: by the peer; receive: "
         "by this end; a broadcast: by its slowest live reader).",
         "By",
+        _D,
+    ),
+    "ringwire_unread_records": Family(
+        "gauge",
+        "Records published in a channel's ring and not consumed yet (send / receive, as "
+        "for the bytes; counted by walking the ring's frames at scrape time: exact up "
+        "to 1024, past them estimated at the walked frames' mean size).",
+        "{record}",
         _D,
     ),
     "ringwire_ring_capacity_bytes": Family("gauge", "A ring's data area.", "By", _D),
@@ -286,6 +296,12 @@ def mark(owner: Any, kind: str) -> bool:
     return False
 
 
+def kind_of(core: Any) -> str | None:
+    """The kind ``core`` (an endpoint core) is tracked as now, or ``None``."""
+    entry = _live.get(id(core))
+    return entry.kind if entry is not None else None
+
+
 def tracked_count() -> int:
     """How many endpoints are registered now (closed ones until the next scrape)."""
     return len(_live)
@@ -367,6 +383,7 @@ def _read_channel(kind: str, core: Any) -> Iterator[Sample]:
     ):
         if cap:  # a subscriber sends nothing: its sending lane is empty
             yield Sample("ringwire_unread_bytes", lane, fill)
+            yield from _unread_records(lane, core.tx if lane is S else core.rx)
             yield Sample("ringwire_ring_capacity_bytes", lane, cap)
             yield Sample("ringwire_ring_fill_ratio", lane, fill / cap)
     yield Sample("ringwire_parks_total", S, st.send_parks)
@@ -378,6 +395,16 @@ def _read_channel(kind: str, core: Any) -> Iterator[Sample]:
     yield Sample("ringwire_received_arrays_held", e, st.slot_arrays_held)
     yield Sample("ringwire_releases_pending", e, st.releases_pending)
     yield Sample("ringwire_errors_total", (*e, "broken"), int(core.broken is not None))
+
+
+def _unread_records(labels: tuple[str, ...], ring: Any) -> Iterator[Sample]:
+    if hasattr(ring, "data") and hasattr(ring, "header"):  # a shared-memory ring lane
+        n = unread_records(ring, _WALK_FRAMES)
+        if n is not None:
+            yield Sample("ringwire_unread_records", labels, n)
+
+
+_WALK_FRAMES = 1024  # frames one scrape walks per lane, at most (past them: estimated)
 
 
 def _slot_samples(e: tuple[str, ...], st: Any) -> Iterator[Sample]:

@@ -58,11 +58,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import time
+import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .._wire.codec import Decoder, Encoder, Placer
-from .._wire.traced import head, split, wrap_head
+from .._wire.traced import head, split, stamp, wrap_head
+from . import observed
 from .endpoint import Endpoint
 from .tracing import OTEL_TRACE, api, installed, parent_context, traceparent_of
 
@@ -118,26 +121,37 @@ def _wrap(payload: bytes, prefix: bytes) -> bytes:
     return out
 
 
+_UNTRACED = head("", "")  # a stamped record's head with no span current
+
+
 class TracingEncoder:
     """An endpoint's encoder (``inner``) that wraps each record sent under a current
-    span in an Ext 22 with the span's context.  Raises what ``inner`` raises."""
+    span in an Ext 22 with the span's context -- and, if ``stamped``, every record,
+    with its publish time.  Raises what ``inner`` raises."""
 
-    __slots__ = ("inner",)
+    __slots__ = ("inner", "stamped")
 
-    def __init__(self, inner: Encoder) -> None:
+    def __init__(self, inner: Encoder, stamped: bool = False) -> None:
         self.inner = inner
+        self.stamped = stamped
 
     def __getattr__(self, name: str) -> Any:  # profile, placer: the inner encoder's
         return getattr(self.inner, name)
 
+    def _head(self) -> bytes | None:
+        prefix = _current_head()
+        if self.stamped:
+            return stamp(_UNTRACED if prefix is None else prefix, time.monotonic_ns())
+        return prefix
+
     def encode(self, obj: Any) -> bytes:
         payload = self.inner.encode(obj)
-        prefix = _current_head()
+        prefix = self._head()
         return payload if prefix is None else _wrap(payload, prefix)
 
     def encode_with(self, obj: Any, placer: Placer) -> bytes:
         payload = self.inner.encode_with(obj, placer)
-        prefix = _current_head()
+        prefix = self._head()
         return payload if prefix is None else _wrap(payload, prefix)
 
     def encode_many_with(
@@ -149,7 +163,7 @@ class TracingEncoder:
         try:
             return self.inner.encode_many_with(items, start, placer, out)
         finally:
-            prefix = _current_head()
+            prefix = self._head()
             if prefix is not None:
                 for i in range(first, len(out)):
                     out[i] = _wrap(out[i], prefix)
@@ -163,35 +177,60 @@ class TracingEncoder:
 
 class TracingDecoder(Decoder):
     """A :class:`~ringwire._wire.codec.Decoder` that reads a traced record's context
-    into the receiving task or thread (:func:`received_trace`).  :meth:`decode` raises
-    :class:`~ringwire.DecodeError` for a malformed message, a malformed Ext 22 too."""
+    into the receiving task or thread (:func:`received_trace`), and hands a stamped
+    record's publish time to :attr:`hop` (set on a per-end subclass, :func:`enable`).
+    :meth:`decode` raises :class:`~ringwire.DecodeError` for a malformed message, a
+    malformed Ext 22 too."""
+
+    hop: Callable[[int], None] | None = None
 
     def decode(self, buf: bytes | bytearray | memoryview) -> Any:
         _RECEIVED.set(None)  # (a record that fails to decode leaves none either)
         traced = split(buf)
         if traced is None:
             return Decoder.decode(self, buf)
-        obj = Decoder.decode(self, traced[2])
-        if traced[0]:
-            _RECEIVED.set((traced[0], traced[1]))
+        obj = Decoder.decode(self, traced.record)
+        if traced.traceparent:
+            _RECEIVED.set((traced.traceparent, traced.tracestate))
+        if traced.published_ns is not None and self.hop is not None:
+            self.hop(traced.published_ns)
         return obj
 
 
-def enable(core: Endpoint, on: bool = True) -> None:
-    """Make ``core`` trace its records (``on``) or stop (its encoder and decoders
-    swapped; see the module docstring)."""
+def _hop_sink(core: Endpoint) -> Callable[[int], None] | None:
+    """What records a stamped record's hop received by ``core``: on this host only
+    (a TCP peer's clock is another's), while a metrics exporter is on."""
+    if not getattr(core.transport, "same_host", True):
+        return None
+    ref = weakref.ref(core)  # (the decoders are the core's: no cycle through them)
+
+    def hop(published_ns: int) -> None:
+        if observed.recording and (c := ref()) is not None:
+            seconds = max(0, time.monotonic_ns() - published_ns) / 1e9
+            kind = "subscriber" if observed.kind_of(c) == "subscriber" else "channel"
+            observed.hop_timed(str(c.name), kind, seconds)
+
+    return hop
+
+
+def enable(core: Endpoint, on: bool = True, hop_times: bool = False) -> None:
+    """Make ``core`` trace its records (``on``; ``hop_times``: stamp them all with
+    their publish time too) or stop (its encoder and decoders swapped; see the module
+    docstring)."""
     enc = core.enc
-    if on and not isinstance(enc, TracingEncoder):
-        core.enc = TracingEncoder(enc)  # type: ignore[assignment]
-    elif not on and isinstance(enc, TracingEncoder):
-        core.enc = enc.inner
-    cls = TracingDecoder if on else Decoder
-    if type(core.dec) is not cls:
-        core.decoders.clear()  # (every type asked for: made again, of cls, when asked)
-        core.dec = core.decoders[core.type] = cls(core.type, resolver=core.resolver)
+    inner = enc.inner if isinstance(enc, TracingEncoder) else enc
+    core.enc = TracingEncoder(inner, hop_times) if on else inner  # type: ignore[assignment]
+    if on == isinstance(core.dec, TracingDecoder):
+        return
+    cls: type[Decoder] = Decoder
+    if on:  # the end's own subclass: decoders of other types (made as type(core.dec)) too
+        sink = _hop_sink(core)
+        cls = type("TracingDecoder", (TracingDecoder,), {"hop": sink and staticmethod(sink)})
+    core.decoders.clear()  # (every type asked for: made again, of cls, when asked)
+    core.dec = core.decoders[core.type] = cls(core.type, resolver=core.resolver)
 
 
-def trace_records(end: Any, enabled: bool = True) -> Any:
+def trace_records(end: Any, enabled: bool = True, *, hop_times: bool = False) -> Any:
     """Make ``end`` carry the W3C trace context on its records (``enabled=False``:
     stop), and return it.
 
@@ -206,12 +245,20 @@ def trace_records(end: Any, enabled: bool = True) -> Any:
     that received the record: :func:`received_trace`, :func:`continue_trace`.  Both
     ends must be of a ringwire that knows Ext 22 (this one or later).
 
+    ``hop_times=True`` stamps *every* record ``end`` sends with its publish time (9
+    bytes more; a record with no span current is an Ext 22 with an empty traceparent):
+    a receiving end on this host that opted in too records each record's hop, publish
+    -> receive, in the ``ringwire_hop_latency_seconds`` histogram while a metrics
+    exporter is registered in its process (:mod:`ringwire.metrics`).  A receiver
+    across TCP ignores the stamp (another host's clock).
+
     Raises ``TypeError`` for anything else (it names what was given)."""
     conns = getattr(end, "_conns", None)
     if conns is not None and hasattr(end, "traces_records"):  # a listener
         end.traces_records = bool(enabled)
+        end.stamps_records = bool(enabled and hop_times)
         for conn in list(conns):
-            enable(conn.core, enabled)
+            enable(conn.core, enabled, hop_times)
         return end
     core = getattr(end, "_core", None)
     if not isinstance(core, Endpoint):
@@ -220,7 +267,7 @@ def trace_records(end: Any, enabled: bool = True) -> Any:
             "Broadcaster, SyncBroadcaster, Subscriber or SyncSubscriber, not "
             f"{type(end).__name__}"
         )
-    enable(core, enabled)
+    enable(core, enabled, hop_times)
     return end
 
 

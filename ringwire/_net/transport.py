@@ -302,6 +302,8 @@ class NetTransport:
     monitor events name it; ``None``: the socket has only ever had one connection).
     ``pools`` makes ``(send_pool, recv_pool, encoder)`` for this transport."""
 
+    same_host = False  # the peer's clock is not ours (a record's publish time: ignored)
+
     def __init__(
         self,
         sock: zmq.Socket[Any],

@@ -412,6 +412,11 @@ class BroadcastReader(RingReader):
         return int(self._e[E_START])
 
     @property
+    def own_head(self) -> int:
+        """This reader's committed head (the ring header's head is the horizon)."""
+        return int(self._e[E_HEAD])
+
+    @property
     def state(self) -> int:
         """The entry's state word: this reader's pid while it is admitted, 0 after
         the writer dropped it."""

@@ -77,6 +77,11 @@ else:
             data.release()
             return q, b, b.cast("I")
 
+        @property
+        def data(self) -> memoryview:
+            """The data area, as bytes (for walks from outside: ``ring_walk``)."""
+            return self._data  # type: ignore[attr-defined]
+
     class _NativeRingWriter(_CWriter, _Views):
         """The writing end of one ring lane, in C (see ``_cring.c``)."""
 

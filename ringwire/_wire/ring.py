@@ -343,6 +343,11 @@ class _Lane:
         for v in (self._d32, self._data, self._q):
             v.release()
 
+    @property
+    def data(self) -> memoryview:
+        """The data area, as bytes (for walks from outside: ``ring_walk``)."""
+        return self._data
+
     # flags readable by both ends
     @property
     def writer_closed(self) -> bool:

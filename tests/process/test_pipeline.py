@@ -429,6 +429,7 @@ def test_remote_flags_refused(tmp_path: Path, flags: list[str], says: str) -> No
 # gauges that must read zero once every request is answered (depth, slots, loans, holds)
 _DRAINED = (
     "ringwire_unread_bytes",
+    "ringwire_unread_records",
     "ringwire_ring_fill_ratio",
     "ringwire_reader_unread_bytes",
     "ringwire_slots_in_use",
@@ -512,6 +513,9 @@ def test_metrics_scrape(pipeline_server: _Server) -> None:
         got = moved(r, "ringwire_records_total", direction="receive", kind="subscriber")
         assert got == steps, (r, got, steps)
         assert moved(r, "ringwire_records_total", direction="send") == steps  # its outputs
+        # the steps are stamped with their publish time: each rank timed every hop
+        assert moved(r, "ringwire_hop_latency_seconds_count", kind="subscriber") == steps
+    assert any(n == "ringwire_unread_records" for n, _, _ in after["rank-0"])
 
     # drained: a worker takes its peers' releases in when it next looks (the idle
     # scheduler looks every 0.25 s; without that, the broadcast's last slot showed as

@@ -115,6 +115,8 @@ def test_counters_move_as_records_flow_and_depth_and_slots_return_to_zero(
     unread = value(got, "ringwire_unread_bytes", endpoint="pair:server", direction="receive")
     assert unread >= sent_bytes  # each frame has its header and padding
     assert value(got, "ringwire_unread_bytes", endpoint="pair:client", direction="send") == unread
+    for end, direction in (("pair:server", "receive"), ("pair:client", "send")):
+        assert value(got, "ringwire_unread_records", endpoint=end, direction=direction) == 12
     cap = value(got, "ringwire_ring_capacity_bytes", endpoint="pair:server", direction="receive")
     fill = value(got, "ringwire_ring_fill_ratio", endpoint="pair:server", direction="receive")
     assert fill == pytest.approx(unread / cap)
@@ -130,6 +132,8 @@ def test_counters_move_as_records_flow_and_depth_and_slots_return_to_zero(
         == sent_bytes
     )
     assert value(got, "ringwire_unread_bytes", endpoint="pair:server", direction="receive") == 0
+    assert value(got, "ringwire_unread_records", endpoint="pair:server", direction="receive") == 0
+    assert value(got, "ringwire_unread_records", endpoint="pair:client", direction="send") == 0
     assert value(got, "ringwire_received_arrays_held", endpoint="pair:server") == 4
     del received
     gc.collect()
@@ -285,6 +289,8 @@ def test_broadcast_and_its_readers(registry: Any, sock_dir: str) -> None:
             assert value(got, "ringwire_open_endpoints", endpoint=path, kind="subscriber") == 2
             assert value(got, "ringwire_unread_bytes", endpoint=path, kind="subscriber",
                          direction="receive") == 2 * behind  # (two readers, summed)  # fmt: skip
+            assert value(got, "ringwire_unread_records", endpoint=path, kind="subscriber",
+                         direction="receive") == 20  # fmt: skip
             got_records = [s.receive(timeout=10) for s in subs for _ in range(10)]
             got = scrape(registry)
             assert value(got, "ringwire_records_total", endpoint=path, kind="subscriber",
@@ -292,6 +298,7 @@ def test_broadcast_and_its_readers(registry: Any, sock_dir: str) -> None:
             for rank in ("0", "1"):
                 assert value(got, "ringwire_reader_unread_bytes", endpoint=path, rank=rank) == 0
             assert value(got, "ringwire_unread_bytes", endpoint=path, kind="broadcast") == 0
+            assert value(got, "ringwire_unread_records", endpoint=path, kind="subscriber") == 0
             del got_records
             gc.collect()
             for s in subs:

@@ -94,7 +94,7 @@ async def connected(**kw: Any) -> tuple[Channel, Channel]:
 def test_wrap_and_split_round_trip_in_every_ext_size(size: int, state: str) -> None:
     payload = Encoder().encode({"x": "y" * size})
     wire = traced.wrap(payload, TP, state)
-    tp, ts, rec = traced.split(wire)  # type: ignore[misc]
+    tp, ts, rec, _ = traced.split(wire)  # type: ignore[misc]
     assert (tp, ts, bytes(rec)) == (TP, state, payload)
     assert TracingDecoder().decode(wire) == {"x": "y" * size}
     want = {"traceparent": TP, "tracestate": state} if state else {"traceparent": TP}
@@ -112,7 +112,24 @@ def test_a_typed_decoder_reads_a_traced_record_and_clears_the_context_after() ->
     assert ringwire.received_trace() is None
 
 
+@pytest.mark.parametrize("state", ["", "k=v"])
+def test_a_stamped_record_carries_its_publish_time(state: str) -> None:
+    payload = Encoder().encode({"x": 1})
+    wire = traced.wrap(payload, TP, state, published_ns=123_456_789_012)
+    got = traced.split(wire)
+    assert got is not None and got.published_ns == 123_456_789_012
+    assert (got.traceparent, got.tracestate, bytes(got.record)) == (TP, state, payload)
+    assert traced.split(traced.wrap(payload, TP, state)).published_ns is None  # type: ignore[union-attr]
+    assert Decoder().decode(wire) == {"x": 1}
+    untraced = traced.wrap(payload, "", "", published_ns=1)  # no span: an empty traceparent
+    assert TracingDecoder().decode(untraced) == {"x": 1}
+    assert ringwire.received_trace() is None
+
+
 HOSTILE = [
+    pytest.param(b"\xc7\x05\x16\x94\xa0\xa0\xcf\x01", id="stamp-short"),
+    pytest.param(b"\xc7\x05\x16\x94\xa0\xa0\x05\x01", id="stamp-not-u64"),
+    pytest.param(b"\xc7\x0c\x16\x94\xa0\xa0\xcf" + bytes(8), id="stamped-no-record"),
     pytest.param(b"\xc7\x05\x16\x93\xa1a\xa0", id="no-record"),
     pytest.param(b"\xc7\x03\x16\x92\xa0\xa0", id="array-of-two"),
     pytest.param(b"\xc7\x04\x16\x93\x01\xa0\x01", id="traceparent-not-str"),
@@ -156,7 +173,7 @@ def test_a_remote_reader_gets_the_slot_references_inside_a_traced_record_as_fram
     inner = Encoder().encode({"a": ref})
     out = to_frames(traced.wrap(inner, TP, ""), lambda r: (b"12345678", 7))
     assert len(out.frames) == 1  # type: ignore[attr-defined]
-    tp, _, rec = traced.split(out)  # type: ignore[misc]
+    tp, _, rec, _ = traced.split(out)  # type: ignore[misc]
     assert tp == TP
     got = Decoder().decode(rec)["a"]
     assert isinstance(got, NetRef) and got.tag == 7 and got.index == 0
@@ -303,6 +320,88 @@ def test_a_sync_channel_over_tcp_continues_in_the_receiving_thread(spans: None) 
         assert ringwire.received_trace() is None  # another thread received it
 
 
+def hops(registry: Any) -> dict[tuple[str, ...], int]:
+    """The hop histogram's counts by label values, from ``registry``'s collection."""
+    out = {}
+    for fam in registry.collect():
+        if fam.name == "ringwire_hop_latency_seconds":
+            for s in fam.samples:
+                if s.name.endswith("_count"):
+                    out[(s.labels["endpoint"], s.labels["kind"])] = int(s.value)
+    return out
+
+
+@pytest.fixture
+def registry() -> Iterator[Any]:
+    import prometheus_client
+
+    reg = prometheus_client.CollectorRegistry()
+    collector = ringwire.metrics.register(reg)
+    yield reg
+    ringwire.metrics.unregister(collector, reg)
+
+
+@pytest.mark.anyio
+async def test_stamped_records_feed_the_hop_latency_histogram(registry: Any) -> None:
+    ca, cb = await connected(slots=SLOTS)
+    async with ca, cb:
+        ringwire.trace_records(ca, hop_times=True)
+        await ca.send({"before": True})  # stamped, but cb does not read stamps yet
+        assert await cb.receive() == {"before": True}
+        assert hops(registry) == {}
+        ringwire.trace_records(cb)
+        for i in range(20):
+            await ca.send({"i": i, "a": np.full(4096, i)})  # half in slots
+            got = await cb.receive()
+            assert got["i"] == i and (got["a"] == i).all()
+            assert ringwire.received_trace() is None  # a stamp without a span
+            del got
+        await ca.send_many([{"i": i} for i in range(5)])
+        assert await cb.receive_many(10) == [{"i": i} for i in range(5)]
+        [((_, kind), n)] = list(hops(registry).items())
+        assert (kind, n) == ("channel", 25)
+        fam = {f.name: f for f in registry.collect()}["ringwire_hop_latency_seconds"]
+        total = next(s.value for s in fam.samples if s.name.endswith("_sum"))
+        assert 0 < total < 25 * 5.0  # seconds: a hop on one host, not a clock mix-up
+        ringwire.trace_records(ca, hop_times=False)  # still traced, no stamps
+        await ca.send({"after": True})
+        assert await cb.receive() == {"after": True}
+        assert sum(hops(registry).values()) == 25
+
+
+@pytest.mark.anyio
+async def test_stamped_records_over_tcp_record_no_hop(registry: Any) -> None:
+    async with ringwire.listen(LOOPBACK) as lst:
+        ringwire.trace_records(lst, hop_times=True)
+        async with await ringwire.connect(lst.path) as client:
+            ringwire.trace_records(client, hop_times=True)
+            server = await lst.accept()
+            async with server:
+                await client.send({"x": 1})
+                await server.send({"y": 2})
+                assert await server.receive() == {"x": 1}
+                assert await client.receive() == {"y": 2}
+        assert hops(registry) == {}  # another host's clock is not ours: not measured
+
+
+def test_a_local_broadcast_reader_times_its_hops_a_remote_one_does_not(
+    bpath: str, registry: Any
+) -> None:
+    with ringwire.broadcast_sync(bpath, readers=2, slots=SLOTS, tcp=LOOPBACK) as bc:
+        ringwire.trace_records(bc, hop_times=True)
+        local = ringwire.trace_records(ringwire.subscribe_sync(bpath, rank=0))
+        assert bc.tcp_address is not None
+        remote = ringwire.trace_records(ringwire.subscribe_sync(bc.tcp_address, rank=1))
+        with local, remote:
+            assert bc.wait_ready(2, timeout=10) == 2
+            for i in range(4):
+                bc.send(step(i, 32 * 1024))
+            for reader in (local, remote):
+                for i in range(4):
+                    assert digest(reader.receive(timeout=10)) == digest(step(i, 32 * 1024))
+            assert list(hops(registry).items()) == [((bpath, "subscriber"), 4)]
+
+
 # -- broadcasts -------------------------------------------------------------------------------
 
 
@@ -355,7 +454,7 @@ def test_the_tracing_encoder_wraps_every_record_of_a_batch_under_a_span(spans: N
         buf = bytearray(b"xy")
         enc.encode_into(items[0], buf, -1)
     for payload, item in zip(out, items):
-        tp, ts, rec = traced.split(payload)  # type: ignore[misc]
+        tp, ts, rec, _ = traced.split(payload)  # type: ignore[misc]
         assert (tp, ts, bytes(rec)) == (header_of(span), "", plain.encode(item))
     assert bytes(buf) == b"xy" + out[0]
 

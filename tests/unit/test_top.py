@@ -35,37 +35,6 @@ def span(buf: bytearray, start: int, end: int) -> bytes:
     return _top._read_span(reader_of(buf), HEADER_SIZE, CAP, start, end)
 
 
-def test_count_frames_follows_frames_and_wrap_markers() -> None:
-    buf, w, r = ring()
-    start = 0
-    for sizes in ([1, 2, 3], [100, 200], [300], [5] * 20, [250, 250]) * 2:  # wraps
-        for n in sizes:
-            assert w.try_write(b"x" * n)
-        end = tail_of(w)
-        assert _top.count_frames(span(buf, start, end), start, CAP) == len(sizes)
-        while r.next_frame() is not None:
-            pass
-        r.commit()
-        start = end
-    assert start > 2 * CAP  # the counters went round the ring more than once
-    assert _top.count_frames(b"", 0, CAP) == 0
-
-
-def test_count_frames_refuses_what_is_not_a_chain_of_frames() -> None:
-    buf, w, _ = ring()
-    for n in (10, 20, 30):
-        assert w.try_write(b"y" * n)
-    data = span(buf, 0, tail_of(w))
-    assert _top.count_frames(data, 0, CAP) == 3
-    assert _top.count_frames(data[:-8], 0, CAP) is None  # ends inside a frame
-    assert _top.count_frames(data + bytes(4), 0, CAP) is None  # a torn length
-    bad = bytearray(data)
-    bad[0:4] = (CAP).to_bytes(4, "little")  # longer than the largest payload
-    assert _top.count_frames(bytes(bad), 0, CAP) is None
-    bad[0:4] = (CAP // 2 - 4).to_bytes(4, "little")  # a frame crossing the end of the area
-    assert _top.count_frames(bytes(bad), CAP - 64, CAP) is None
-
-
 def test_a_followed_ring_counts_records_exactly_while_the_reader_lags() -> None:
     buf, w, r = ring()
     s = _top._Stream("s", reader_of(buf), 0, CAP, 0, 0, time.monotonic())
