@@ -5,6 +5,7 @@ Run from the repository root::
     python -m perf.broadcast            # ~2 minutes on a 2-core VM
     python -m perf.broadcast --quick    # ~40 s
     python -m perf.broadcast --readers 8 --json perf/results/broadcast.json
+    python -m perf.broadcast --arrays   # the 2.4 MB-array table (perf/_broadcast_arrays.py)
 
 Every step is a ~100-byte msgspec record carrying the writer's clock at send
 (``time.perf_counter_ns``: CLOCK_MONOTONIC, one clock for every process of the host).
@@ -420,7 +421,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readers", type=int, default=4)
     ap.add_argument("--only", action="append", help="parked, spin, channels, oneway, zmq, vllm")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--arrays",
+        action="store_true",
+        help="the other table: a 2.4 MB array per step, lockstep, against vLLM's real "
+        "MessageQueue (perf/_broadcast_arrays.py; --only loan, loan-parked, send, vllm, "
+        "vllm-scheme)",
+    )
     args = ap.parse_args(argv)
+    if args.arrays:
+        from perf import _broadcast_arrays
+
+        return _broadcast_arrays.main(args.readers, args.quick, args.only)
     cfg = QUICK if args.quick else FULL
     n = args.readers
     rng = random.Random(1)
