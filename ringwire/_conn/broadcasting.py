@@ -125,7 +125,9 @@ class Broadcaster(_Common, AsyncSending):
     Every record sent is received by every reader, in order; large arrays travel once
     through the shared slot pool.  Its sends are :class:`~ringwire.Channel`'s
     (``send``, ``send_nowait``, ``send_many``, ``send_tracked``, ``loan``), to every
-    reader.  Use it as ``async with`` (it closes on exit, and on trio watches for joins
+    reader.  A step's tensor is best written where the readers read it: ``loan`` a slot,
+    produce the array into it, send it -- nothing is copied (a private array that is
+    sent is copied once into a slot).  Use it as ``async with`` (it closes on exit, and on trio watches for joins
     and deaths in the background).  Not thread-safe: use it from one event loop."""
 
     _core: BroadcastEndpoint
@@ -474,6 +476,11 @@ def broadcast(
     names them (``None``: forever).  ``spin_us`` bounds the spin of a send facing a
     full ring before it parks (``0``: park at once), as a channel's.
     ``handshake_timeout``: how long a reader may take to join.
+
+    Arrays of a step: :meth:`~Broadcaster.loan` a slot, write the array into it and send
+    it in the step -- no copy; every reader gets a read-only view of that slot, which
+    returns to the pool once every reader has dropped its views.  A private array that
+    is sent is copied once into a slot (``perf/broadcast.py --arrays`` measures both).
 
     ``tcp="tcp://host:port"`` also serves readers on other hosts
     (:func:`ringwire.subscribe` at that address; port 0 binds any free port, see

@@ -160,6 +160,49 @@ def test_a_loan_reaches_every_reader_without_a_copy(bpath):
         assert bc.statistics().inline_fallbacks == 0
 
 
+def test_async_loaned_steps_in_lockstep_reuse_slots_and_are_never_copied(bpath):
+    """The loaned path as a step loop uses it: loan, write in place, send, wait for
+    every reader; each reader sees its step's values and drops its view, so the slot
+    comes back and the next loan finds one -- more steps than slots, none inline."""
+
+    async def main() -> None:
+        seen: dict[int, list[float]] = {}
+        done = [anyio.Event() for _ in range(12)]
+        count = [0] * 12
+
+        async def reader() -> None:
+            async with await ringwire.subscribe(bpath, spin_us=0) as sub:
+                got = seen.setdefault(sub.rank, [])
+                async for rec in sub:
+                    got.append(
+                        float(rec["t"][0, 0]) if float(rec["t"].sum()) == rec["k"] * 4096 else -1.0
+                    )
+                    del rec
+                    k = len(got) - 1
+                    count[k] += 1
+                    if count[k] == 2:
+                        done[k].set()
+
+        async with ringwire.broadcast(bpath, readers=2, capacity=SMALL, slots=SLOTS) as bc:
+            async with anyio.create_task_group() as tg:
+                for _ in range(2):
+                    tg.start_soon(reader)
+                with anyio.fail_after(20):
+                    await bc.wait_ready(2)
+                    for k in range(12):
+                        arr = await bc.loan((64, 64), np.float32)
+                        arr[:] = k
+                        await bc.send({"k": k, "t": arr})
+                        del arr
+                        await done[k].wait()
+                    stats = bc.statistics()
+                    await bc.aclose()
+        assert seen == {0: [float(k) for k in range(12)], 1: [float(k) for k in range(12)]}
+        assert stats.inline_fallbacks == 0 and stats.loans_outstanding == 0
+
+    anyio.run(main)
+
+
 def test_a_reader_that_keeps_its_arrays_stalls_slot_reuse_by_name(bpath):
     with ringwire.broadcast_sync(
         bpath, readers=2, capacity=SMALL * 4, slots=SLOTS, stall_timeout=0.3
