@@ -25,6 +25,9 @@ The peers, all with the writer in this process and every reader a ``spawn`` chil
 * **vLLM MessageQueue scheme** -- :mod:`perf._vllm_mq`, a re-implementation from its
   public description: fixed chunks with per-reader flags, readers spinning
   (``sched_yield``) for 1 s after each read, then waiting on a ZeroMQ notify;
+* **vLLM MessageQueue (real)** -- vLLM's own ``shm_broadcast.py`` loaded from a vLLM
+  release (:mod:`perf.peers.vllm_shm`; skipped when none is found), measured as it is:
+  it pickles the record, its readers spin for 1 s after each read;
 * the baseline, **ringwire 1:1 parked round trip / 2** -- a pair, both ends parked
   (``spin_us=0``), one record there and back, halved.
 
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -164,6 +168,15 @@ def reader_vllm(ctrl: Any, handle: Any, rank: int) -> None:
         mq.close()
 
 
+def reader_vllm_real(ctrl: Any, fields: dict[str, Any], rank: int, rpc_dir: str) -> None:
+    from perf.peers.vllm_shm import load_message_queue, reader_from_fields
+
+    load_message_queue(rpc_dir)
+    mq = reader_from_fields(fields, rank)
+    mq.wait_until_ready()
+    _serve(ctrl, lambda: mq.dequeue(timeout=120))
+
+
 # ======================================================================================
 # peers (the writer's side)
 # ======================================================================================
@@ -272,6 +285,30 @@ def peer_vllm(tmp: str, n: int) -> Peer:
         ctrls,
         procs,
         mq.close,
+        settle_s=1.2,
+    )
+
+
+def peer_vllm_real(tmp: str, n: int) -> Peer:
+    from perf.peers.vllm_shm import handle_fields, load_message_queue
+
+    mq = load_message_queue(tmp)(n, n)
+    ctrls, procs = _start(reader_vllm_real, [(handle_fields(mq), r, tmp) for r in range(n)])
+    mq.wait_until_ready()
+    _await_ready(ctrls)
+
+    def close() -> None:
+        nonlocal mq
+        del mq  # its ShmRingBuffer unlinks the segment when collected (vLLM's way)
+        gc.collect()
+
+    # vLLM pickles the record itself: ``send`` hands it the record, not our bytes
+    return Peer(
+        "vLLM MessageQueue (real, pickles)",
+        lambda p, r: mq.enqueue(r, timeout=60),
+        ctrls,
+        procs,
+        close,
         settle_s=1.2,
     )
 
@@ -391,6 +428,7 @@ def _peers(tmp: str, n: int, only: set[str] | None) -> Iterator[list[Peer]]:
         ("oneway", lambda: peer_channels(1, "ringwire 1:1 channel, one way, 1 reader (parked)")),
         ("zmq", lambda: peer_zmq(tmp, n)),
         ("vllm", lambda: peer_vllm(tmp, n)),
+        ("vllm-real", lambda: peer_vllm_real(tmp, n)),
     ]
     peers: list[Peer] = []
     try:
@@ -419,7 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--readers", type=int, default=4)
-    ap.add_argument("--only", action="append", help="parked, spin, channels, oneway, zmq, vllm")
+    ap.add_argument(
+        "--only", action="append", help="parked, spin, channels, oneway, zmq, vllm, vllm-real"
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument(
         "--arrays",
