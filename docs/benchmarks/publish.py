@@ -36,7 +36,7 @@ def publish(run: Path) -> None:
     shutil.rmtree(HERE / "logs", ignore_errors=True)
     (HERE / "logs").mkdir()
     prefix = str(run.resolve())
-    for name, bench in results["benchmarks"].items():
+    for bench in results["benchmarks"].values():
         bench["command"] = [a.replace(prefix, "DIR") for a in bench.get("command", [])]
         if bench.get("json"):
             bench["json"] = bench["json"].replace(prefix, "DIR")
