@@ -34,11 +34,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-import ringwire.runtime
 
 import ringwire
-import ringwire.metrics
-import ringwire.wire
+from ringwire import metrics, runtime, wire
 from tests.support.extras import NO_TORCH, torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +150,7 @@ def _documented() -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "module", [ringwire, ringwire.runtime, ringwire.metrics, ringwire.wire], ids=lambda m: m.__name__
+    "module", [ringwire, runtime, metrics, wire], ids=lambda m: m.__name__
 )
 def test_the_reference_documents_every_public_name(module: object) -> None:
     documented = _documented()
@@ -167,5 +165,5 @@ def test_the_reference_documents_every_public_name(module: object) -> None:
 def test_the_wire_format_page_lists_every_ext_code() -> None:
     text = (DOCS / "design" / "wire-format.md").read_text(encoding="utf-8")
     rows = {int(n) for n in re.findall(r"^\| (\d+) \|", text, re.M)}
-    codes = {int(c) for c in ringwire.wire.ExtCode}
+    codes = {int(c) for c in wire.ExtCode}
     assert rows == codes, f"Ext table rows {sorted(rows)} != ExtCode {sorted(codes)}"
