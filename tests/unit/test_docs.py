@@ -11,8 +11,8 @@ match the code.
       a fragment, or a block that needs processes, another host, a GPU or a port: it is
       compiled (top-level ``await`` allowed), so its syntax is still checked, and
       skipped with REASON;
-  ``<!-- docs-test: needs torch -->``
-      runs where torch is installed, skips (with the reason) where it is not.
+  ``<!-- docs-test: needs torch -->`` (or any modules, comma-separated)
+      runs where they can be imported, skips (naming the missing one) where not.
 
   Any other ``docs-test`` comment is an error, and so is a skip without a reason.
 * **The reference** (``docs/reference/``) documents every name of ``ringwire.__all__``,
@@ -26,6 +26,7 @@ on a broken link, a missing reference target or any warning.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import re
 import sys
@@ -116,9 +117,12 @@ def test_python_block(block: Block) -> None:
         reason = re.fullmatch(r"skip \((.+)\)", block.mark)
         assert reason, f"{block.name}: a skipped block says why: <!-- docs-test: skip (WHY) -->"
         pytest.skip(f"{block.name}: {reason.group(1)}")
-    if block.mark == "needs torch":
-        if torch is None:
-            pytest.skip(NO_TORCH)
+    if block.mark.startswith("needs "):
+        for module in (m.strip() for m in block.mark[len("needs ") :].split(",")):
+            if module == "torch" and torch is None:
+                pytest.skip(NO_TORCH)
+            if importlib.util.find_spec(module) is None:
+                pytest.skip(f"{block.name}: needs {module}, which is not installed")
     elif block.mark:
         raise AssertionError(f"{block.name}: unknown mark <!-- docs-test: {block.mark} -->")
     assert not code.co_flags & inspect.CO_COROUTINE, (
