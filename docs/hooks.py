@@ -62,7 +62,8 @@ def _rest_to_markdown(doc: str, level: int) -> str:
                 block.pop()
             while block and not block[0].strip():
                 block.pop(0)
-            out += ["```text", textwrap.dedent("\n".join(block)), "```", ""]
+            literal = re.sub(r"``(.+?)``", r"\1", textwrap.dedent("\n".join(block)))
+            out += ["```text", literal, "```", ""]
             continue
         out.append(line)
         i += 1
