@@ -452,6 +452,7 @@ def write_report(results: dict[str, Any], path: Path, plots: Sequence[Path] = ()
         ("calls", "Calls (request -> reply over one connection)"),
         ("broadcast", "Broadcast (one writer, N readers)"),
         ("pipeline", "Pipeline (HTTP -> tokenizer -> scheduler -> N ranks)"),
+        ("tcp", "Across hosts (TCP over ZeroMQ, against plain pyzmq)"),
         ("broadcast_remote", "Broadcast with a remote reader (2 local + 1 over TCP)"),
         ("tracing", "Tracing (OpenTelemetry absent / idle / a span per call)"),
         ("metrics", "Metrics (the batched path with a scraped collector)"),

@@ -211,6 +211,8 @@ class Topology:
         return self._stop_reason
 
     def status(self) -> dict[str, WorkerStatus]:
+        """A snapshot of every worker, by name: its state, pid, incarnation, restarts
+        so far and host (``""`` for a local worker).  Never waits, never raises."""
         return {
             name: WorkerStatus(name, w.state, w.pid, max(w.incarnation, 0), w.restarts, w.host)
             for name, w in self._workers.items()

@@ -181,6 +181,7 @@ class WorkerReady:
     host: str | None = None  # a remote worker's host (None: a local process)
 
     def describe(self) -> str:
+        """This event as one line of text, as the supervisor logs it."""
         again = f" (restart {self.incarnation})" if self.incarnation else ""
         if self.host:
             again = f" (rejoin {self.incarnation})" if self.incarnation else ""
@@ -220,6 +221,7 @@ class WorkerExit:
         return f"exit status {self.exitcode}"
 
     def describe(self) -> str:
+        """This event as one line of text, as the supervisor logs it."""
         how = "stopped" if self.expected else "died"
         where = f" on {self.host}" if self.host else ""
         text = f"worker {self.name!r} (pid {self.pid}{where}) {how}: {self.status}"
@@ -242,6 +244,7 @@ class WorkerRestarting:
     at: float
 
     def describe(self) -> str:
+        """This event as one line of text, as the supervisor logs it."""
         return f"restarting worker {self.name!r} in {self.delay:.2f} s (restart #{self.attempt})"
 
 
@@ -256,6 +259,7 @@ class WorkerAwaitingRejoin:
     at: float
 
     def describe(self) -> str:
+        """This event as one line of text, as the supervisor logs it."""
         return (
             f"waiting up to {self.within:g} s for worker {self.name!r} to rejoin "
             f"(rejoin #{self.attempt})"
@@ -271,12 +275,15 @@ class TopologyStopping:
     at: float
 
     def describe(self) -> str:
+        """This event as one line of text, as the supervisor logs it."""
         return f"stopping{' (forced)' if self.force else ''}: {self.reason}"
 
 
 WorkerEvent = Union[
     WorkerReady, WorkerExit, WorkerRestarting, WorkerAwaitingRejoin, TopologyStopping
 ]
+"""What a topology reports, in order, to ``Topology(on_event=...)``: one of these
+dataclasses; each has ``describe()``, the line the supervisor logs."""
 
 
 # -- errors ------------------------------------------------------------------------------

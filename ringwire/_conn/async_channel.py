@@ -190,6 +190,11 @@ class Receipt(ReceiptBase):
     __slots__ = ()
 
     async def wait(self) -> None:
+        """Return once the peer has released every slot the record's arrays used (its
+        last views died, or it ``copy_out``-ed them); at once for a record that used
+        none.  Returns too when the peer is gone: its slots were reclaimed, so nothing
+        is held any more (whether it read the record is not known).  Cancellable (the
+        record stays sent).  Raises nothing of its own."""
         if self._pairs:
             await self._run(waits.consumed(self._core, self._pairs))
 
@@ -397,7 +402,10 @@ class Channel(EndpointFacade, AsyncSending, anyio.abc.ObjectStream[Any]):
         return obj
 
     def receive_nowait(self, *, type: Any = UNSET) -> Any:
-        """One record, or :class:`anyio.WouldBlock` if none is published yet."""
+        """The next record, without waiting (``type`` as :meth:`receive`).  Raises
+        :class:`anyio.WouldBlock` if none is published yet, and otherwise what
+        :meth:`receive` raises (``EndOfStream``, ``BrokenResourceError``,
+        ``ClosedResourceError``, :class:`DecodeError`)."""
         core = self._core
         return core.receive_nowait(core.decoder_for(type))
 
@@ -417,7 +425,9 @@ class Channel(EndpointFacade, AsyncSending, anyio.abc.ObjectStream[Any]):
         return result
 
     def receive_many_nowait(self, max_n: int = 1024, *, type: Any = UNSET) -> list[Any]:
-        """Every published record (up to ``max_n``); ``WouldBlock`` if there is none."""
+        """Every record published and not yet read, up to ``max_n`` (a list, in order),
+        without waiting.  Raises ``WouldBlock`` if there is none, ``ValueError`` for
+        ``max_n < 1``, and otherwise what :meth:`receive` raises."""
         core = self._core
         return core.receive_many_nowait(core.decoder_for(type), max_n)
 

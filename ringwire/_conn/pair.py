@@ -99,6 +99,8 @@ class PairEnd:
         )
 
     def set_sibling(self, sibling: PairEnd) -> None:
+        """Note the other end made by the same :func:`pair` call (weakly).
+        :func:`pair` calls it; an application never needs to."""
         self._sibling = weakref.ref(sibling)
 
     def close(self) -> None:

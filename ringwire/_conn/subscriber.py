@@ -161,20 +161,27 @@ class Subscriber(_Common):
             raise _translate(self._core, self._transport, exc)  # noqa: B904  (the cause is set)
 
     def receive_nowait(self, *, type: Any = UNSET) -> Any:
-        """The next record, or :class:`anyio.WouldBlock` if none is published yet."""
+        """The next record, without waiting.  Raises :class:`anyio.WouldBlock` if none
+        is published yet, and what :meth:`receive` raises (``EndOfStream`` after the
+        writer closed, ``BrokenResourceError`` if it died or dropped this reader,
+        ``ClosedResourceError`` after :meth:`aclose`, :class:`DecodeError`)."""
         try:
             return self._chan.receive_nowait(type=type)
         except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
             raise _translate(self._core, self._transport, exc)  # noqa: B904  (the cause is set)
 
     async def receive_many(self, max_n: int = 1024, *, type: Any = UNSET) -> list[Any]:
-        """At least one record, then every published one up to ``max_n``."""
+        """Wait for at least one record, then return every published one, up to
+        ``max_n`` (a list, in order).  Raises ``ValueError`` for ``max_n < 1`` and what
+        :meth:`receive` raises."""
         try:
             return await self._chan.receive_many(max_n, type=type)
         except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
             raise _translate(self._core, self._transport, exc)  # noqa: B904  (the cause is set)
 
     def receive_many_nowait(self, max_n: int = 1024, *, type: Any = UNSET) -> list[Any]:
+        """Every record published and not yet read (up to ``max_n``), without waiting.
+        Raises ``WouldBlock`` if there is none, and what :meth:`receive` raises."""
         try:
             return self._chan.receive_many_nowait(max_n, type=type)
         except (RingCorrupted, BrokenResourceError, DecodeError) as exc:
@@ -204,6 +211,7 @@ class Subscriber(_Common):
         await self._chan.aclose()
 
     def close(self) -> None:
+        """Leave cleanly, without awaiting (as :meth:`aclose`); closing twice is a no-op."""
         self._chan.close()
 
 

@@ -164,7 +164,10 @@ class SyncReceipt(ReceiptBase):
     __slots__ = ()
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until consumed; ``TimeoutError`` after ``timeout`` seconds."""
+        """Block until the peer has released every slot the record's arrays used, as
+        :meth:`Receipt.wait` (returns too when the peer is gone); ``timeout``: seconds,
+        ``None`` to wait for ever.  Raises ``TimeoutError`` when ``timeout`` passes
+        first (the record stays sent)."""
         if self._pairs:
             self._run(waits.consumed(self._core, self._pairs, _deadline(timeout)))
 
@@ -377,7 +380,10 @@ class SyncChannel(EndpointFacade, SyncSending):
             lock.release()
 
     def receive_nowait(self, *, type: Any = UNSET) -> Any:
-        """One record, or :class:`anyio.WouldBlock` if none is published yet."""
+        """The next record, without waiting (``type`` as :meth:`receive`).  Raises
+        :class:`anyio.WouldBlock` if none is published yet, and otherwise what
+        :meth:`receive` raises (``EndOfStream``, ``BrokenResourceError``,
+        ``ClosedResourceError``, :class:`DecodeError`)."""
         core = self._core
         with self._recv_lock:
             return core.receive_nowait(core.decoder_for(type))
@@ -385,7 +391,10 @@ class SyncChannel(EndpointFacade, SyncSending):
     def receive_many(
         self, max_n: int = 1024, timeout: float | None = None, *, type: Any = UNSET
     ) -> list[Any]:
-        """Wait for at least one record, then return every published one (up to ``max_n``)."""
+        """Wait for at least one record, then return every published one, up to
+        ``max_n`` (a list, in order; one ring commit for the batch).  ``timeout``:
+        seconds, ``None`` to wait for ever.  Raises ``TimeoutError`` when it passes,
+        ``ValueError`` for ``max_n < 1``, and what :meth:`receive` raises."""
         if max_n < 1:
             raise ValueError("max_n must be at least 1")
         core = self._core
@@ -402,7 +411,9 @@ class SyncChannel(EndpointFacade, SyncSending):
             self._recv_lock.release()
 
     def receive_many_nowait(self, max_n: int = 1024, *, type: Any = UNSET) -> list[Any]:
-        """Every published record (up to ``max_n``); ``WouldBlock`` if there is none."""
+        """Every record published and not yet read, up to ``max_n`` (a list, in order),
+        without waiting.  Raises ``WouldBlock`` if there is none, ``ValueError`` for
+        ``max_n < 1``, and otherwise what :meth:`receive` raises."""
         core = self._core
         with self._recv_lock:
             return core.receive_many_nowait(core.decoder_for(type), max_n)

@@ -179,6 +179,8 @@ class SlotConfig:
         return pool_size(self.classes) + ring_size(RELEASE_CAPACITY)
 
     def describe(self) -> str:
+        """The slot classes in words, e.g. ``"16 x 64 KiB, 16 x 1 MiB, 4 x 16 MiB"`` (as
+        error messages and ``python -m ringwire doctor`` name a pool)."""
         return describe_classes(self.classes)
 
 

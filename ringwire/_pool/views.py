@@ -129,7 +129,10 @@ def release(obj: Any) -> int:
 
 @contextlib.contextmanager
 def borrow(obj: Any) -> Iterator[Any]:
-    """``with borrow(record) as rec:`` -- releases every slot in ``record`` on exit."""
+    """``with borrow(record) as rec:`` -- on exit, release every received slot array or
+    tensor in ``record`` (as :func:`release`), whatever views of them are still alive:
+    using such a view afterwards reads memory the sender may reuse.  Yields ``record``
+    itself; raises nothing of its own."""
     try:
         yield obj
     finally:

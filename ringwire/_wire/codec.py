@@ -759,7 +759,9 @@ _default_decoder: Decoder | None = None
 
 
 def encode(obj: Any) -> bytes:
-    """Encode with a shared default :class:`Encoder`."""
+    """``obj`` as msgpack bytes, with a shared default :class:`Encoder` (arrays and
+    tensors inline: Ext 1-3).  Raises :class:`EncodeError` for a value ringwire cannot
+    encode (it names the type and where it was)."""
     global _default_encoder
     if _default_encoder is None:
         _default_encoder = Encoder()
@@ -767,7 +769,10 @@ def encode(obj: Any) -> bytes:
 
 
 def decode(buf: bytes | bytearray | memoryview, *, type: Any = Any) -> Any:
-    """Decode with a default :class:`Decoder` (a new one when ``type`` is given)."""
+    """The value encoded in ``buf``, with a default :class:`Decoder` (a new one when
+    ``type`` is given: the value is decoded as that type).  Raises
+    :class:`DecodeError` for bytes that are not a valid message of that type (it says
+    what was wrong)."""
     global _default_decoder
     if type is not Any:
         return Decoder(type).decode(buf)

@@ -458,7 +458,7 @@ class _AttrsPoint:
 
 _TZ = datetime.timezone(datetime.timedelta(hours=-5, minutes=-30))
 
-# (value, what it is once decoded in an untyped position): the README's table
+# (value, what it is once decoded in an untyped position): the table of docs/guide/codec.md
 AUDIT: list[tuple[Any, Any]] = [
     ({1, (2, 3)}, {1, (2, 3)}),
     (frozenset({"a"}), frozenset({"a"})),

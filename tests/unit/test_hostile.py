@@ -337,7 +337,7 @@ async def test_forged_slot_reference_drops_only_that_connection(
 
 async def test_forged_reference_on_a_pair_is_a_clear_decode_error() -> None:
     """Outside a listener the consumer decides: the bad record is a DecodeError naming
-    the problem, and the connection goes on (README: 'Tensor slots')."""
+    the problem, and the connection goes on (docs/guide/tensors.md)."""
     a, b = pair()
     async with anyio.create_task_group() as tg:
         out: dict[str, Channel] = {}
