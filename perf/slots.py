@@ -580,6 +580,7 @@ class Case:
 class Group:
     samples: dict[str, list[int]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    wrong: dict[str, str] = field(default_factory=dict)  # a wrong answer: fails the run
     refs: dict[str, str | None] = field(default_factory=dict)
     # one-way times measured directly (the consumer's clock reading, sent back in the ack)
     oneway: dict[str, list[int]] = field(default_factory=dict)
@@ -627,6 +628,8 @@ def run_group(title: str, cases: list[Case], rounds: int, warm_rounds: int) -> G
                 raise
             except BaseException as e:
                 why = _why(e)
+                if isinstance(e, ChildFailed):
+                    out.wrong[c.name] = why
                 log(f"  FAILED {c.name}: {why}")
                 for d in list(live):
                     if d is c or (c.peer is not None and d.peer is c.peer):
@@ -1135,6 +1138,7 @@ def main(argv: list[str] | None = None) -> int:
     peers: list[Any] = [rw, zq, mq]
     live_peers: list[Any] = []
     skipped: dict[str, str] = {}
+    wrong: dict[str, str] = {}  # case -> why: arrays that arrived with the wrong bytes
     try:
         for p in peers:
             log(f"starting {p.name}")
@@ -1191,6 +1195,8 @@ def main(argv: list[str] | None = None) -> int:
         report_rr(g_rr, rep)
         rep.data["other_load"]["release-to-reuse"] = g_rr.load
 
+        for g in (g_loan, *g_copy.values(), g_rr):
+            wrong.update(g.wrong)
         rep.data["ringwire_channel_stats"] = rw.stats()
         for name, st in rep.data["ringwire_channel_stats"].items():
             if name != "inline" and st.get("inline_fallbacks"):
@@ -1213,6 +1219,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if leaked:
         print("left in /dev/shm: " + ", ".join(leaked))
+    for name, why in wrong.items():
+        print(f"WRONG ANSWER: {name}: {why}")
     if args.json:
         out = {
             "machine": info,
@@ -1226,12 +1234,16 @@ def main(argv: list[str] | None = None) -> int:
             "tables": rep.tables,
             "elapsed_s": elapsed,
             "skipped": skipped,
+            "wrong": wrong,
+            "shm_left": leaked,
         }
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
         log(f"wrote {path}")
-    return 0
+    # a missed speed target is a result; an array that arrived wrong, or a name of this
+    # run left in /dev/shm, means the run itself is wrong
+    return 1 if wrong or leaked else 0
 
 
 # --------------------------------------------------------------------------- reports
