@@ -298,7 +298,6 @@ class Spec:
     slots: Any
     consumer_spin_us: float | None = None
     producer_spin_us: float | None = None
-    early_wake: bool = True  # False: a large copy-in rings only at its publish (before)
 
 
 class RingwirePeer(_Peer):
@@ -330,8 +329,6 @@ class RingwirePeer(_Peer):
                 ch = a.connect_sync(slots=slots, handshake_timeout=P.SETUP_TIMEOUT_S, **kw)
                 self.on_cleanup(ch.close)
                 self.chans[name] = ch
-                if not sp.early_wake:
-                    ch._core.pool.early_wake = None
         finally:
             for a, b in ends:  # whatever was not connected (an error): drop quietly
                 for e in (a, b):
@@ -1007,13 +1004,6 @@ class Bench:
             self.memcpy_case("memcpy into a slot (a held loan)", held, src, k, prep),
             self.rw_case("ringwire copy-in", "main", self.copy_maker(src), k, prep=prep),
             self.rw_case(
-                "ringwire copy-in, no early wake (info)",
-                "nowake",
-                self.copy_maker(src),
-                k,
-                prep=prep,
-            ),
-            self.rw_case(
                 "ringwire loaned",
                 "main",
                 self.loan_maker("main", (n_el,), np.float32),
@@ -1090,7 +1080,6 @@ def _bind_rr(rw: RingwirePeer, chan: str, mk: Callable[[int], dict]) -> Callable
 # transport key (of the small-RT reference) of each ringwire channel
 CHAN_REF = {
     "main": "ringwire",
-    "nowake": "ringwire",  # the same small-RT reference as main
     "inline": "ringwire inline",
     "hot": "ringwire (spinning consumer)",
     "doorbell": "ringwire doorbell",
@@ -1149,7 +1138,6 @@ def main(argv: list[str] | None = None) -> int:
     rep = Report()
     specs = [
         Spec("main", 1 * MiB, main_pool()),
-        Spec("nowake", 1 * MiB, main_pool(), early_wake=False),
         Spec("inline", INLINE_CAPACITY, None),
         Spec("hot", 1 * MiB, hot_pool(), HOT_CONSUMER_SPIN_US),
         # a "doorbell round trip": both ends park at once, every record rings

@@ -43,16 +43,13 @@ the endpoint's ``on_published`` (where it has one) right after it was published.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from .._errors import NeedSlot
 from .._pool.protocols import Placed
-from .._shm.early_wake import MAX_SPIN_NS
 from .._wire.codec import Decoder
-from .._wire.ring import COPY_HINT
 from .endpoint import EMPTY, UNSET, Endpoint
 
 __all__ = [
@@ -72,7 +69,6 @@ __all__ = [
 
 T = TypeVar("T")
 LOAN_TICK = 0.05  # a sender waiting for a slot re-checks this often while loans are out
-_COPY_SPIN_YIELD_NS = 20_000  # a reader spinning on the copy hint yields this often
 SLOW_SLOT_WAIT = 1.0  # a slot wait longer than this logs a warning (once per connection)
 
 
@@ -323,39 +319,11 @@ def _not_idle(pool: Any) -> bool:
     return bool(pool.has_work())
 
 
-def _copy_spin(core: Endpoint) -> bool:
-    """Spin while the writer's copy hint says a record is about to land (a large
-    copy-in is finishing, see :mod:`ringwire._shm.early_wake`), at most
-    ``MAX_SPIN_NS``; whether a record arrived.  ``False`` at once on a lane without
-    the hint (no header, or none set: one load)."""
-    header = getattr(core.rx, "header", None)
-    if header is None:
-        return False
-    until = header[COPY_HINT]
-    if not until:
-        return False
-    clock = time.monotonic_ns
-    now = clock()
-    if until <= now:
-        return False
-    end = min(until, now + MAX_SPIN_NS)
-    next_yield = now + _COPY_SPIN_YIELD_NS
-    ready = core.receive_ready
-    while not ready():
-        now = clock()
-        if now >= end:
-            return False
-        if now >= next_yield:  # the writer may be a thread of this process (the GIL)
-            os.sched_yield()
-            next_yield = now + _COPY_SPIN_YIELD_NS
-    return True
-
-
 def receive(core: Endpoint, dec: Decoder, deadline: float | None = None) -> Loop[Any]:
     """The next record (entered after a try found none)."""
     while True:
         core.check_finished()
-        if not core.spin(core.receive_ready) and not _copy_spin(core):
+        if not core.spin(core.receive_ready):
             yield from _park(core, _RX, core.receive_ready, (), deadline, deadline)
         obj = core.try_receive(dec)
         if obj is not EMPTY:
@@ -368,7 +336,7 @@ def receive_many(
     """At least one record, then every published one up to ``max_n``."""
     while True:
         core.check_finished()
-        if not core.spin(core.receive_ready) and not _copy_spin(core):
+        if not core.spin(core.receive_ready):
             yield from _park(core, _RX, core.receive_ready, (), deadline, deadline)
         out = core.try_receive_many(dec, max_n)
         if out:

@@ -73,7 +73,6 @@ from .._wire.slotlayout import (
     PoolLayout,
     SlotAllocator,
 )
-from .early_wake import LARGE_COPY, copy_bytes
 
 __all__ = ["ShmSendPool"]
 
@@ -134,8 +133,6 @@ class ShmSendPool:
         self.inline_fallbacks = 0
         self.reclaimed = 0
         self.cuda_pools: dict[int, CudaSendPool] = {}  # device -> GPU pool (made on first use)
-        # called before the last part of a large copy-in (the transport sets it)
-        self.early_wake: Callable[[int], None] | None = None
         self.cuda_staged = 0
         self.big: ArenaAllocator | None = None
         if arena is not None:
@@ -518,17 +515,11 @@ class ShmSendPool:
     def _slot_array(self, slot: int, nbytes: int) -> Any:
         return np.frombuffer(self._buf, np.uint8, count=nbytes, offset=self.layout.offsets[slot])
 
-    def _copy_in(self, obj: Any, dst: Any, nbytes: int) -> None:
-        """Copy array or tensor ``obj`` into ``dst`` (a uint8 array of ``nbytes``); a
-        large contiguous one wakes the parked reader before its end (``early_wake``,
-        see :mod:`ringwire._shm.early_wake`).  One copy on this thread: split across
-        threads it was slower on a loaded 2-vCPU machine (``python -m perf.copysplit``)."""
+    @staticmethod
+    def _copy_in(obj: Any, dst: Any, nbytes: int) -> None:
+        """Copy array or tensor ``obj`` into ``dst`` (a uint8 array of ``nbytes``)."""
         if isinstance(obj, np.ndarray):
-            if not nbytes:
-                return
-            if obj.flags.c_contiguous and nbytes >= LARGE_COPY and not obj.dtype.hasobject:
-                copy_bytes(obj.reshape(-1).view(np.uint8), dst, nbytes, self.early_wake)
-            else:
+            if nbytes:
                 np.copyto(dst.view(obj.dtype).reshape(obj.shape), obj, casting="no")
         else:
             torch = torch_module()
@@ -539,7 +530,7 @@ class ShmSendPool:
                 # one memcpy on this thread: torch's copy_ fans out to its thread pool
                 # (about twice the CPU for the same wall time on a small machine)
                 src = t.reshape(-1).view(torch.uint8).numpy()
-                copy_bytes(src, dst, nbytes, self.early_wake)
+                np.copyto(dst, src, casting="no")
             else:
                 torch.from_numpy(dst).view(t.dtype).reshape(t.shape).copy_(t)
 

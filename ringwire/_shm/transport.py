@@ -22,7 +22,6 @@ from .._wire.codec import Encoder
 from .._wire.control import ControlReader
 from .._wire.lanes import RingReader, RingWriter
 from .._wire.slotlayout import PoolLayout
-from .early_wake import EarlyWake
 from .recvpool import ShmRecvPool
 from .sendpool import ShmSendPool
 from .sockets import ControlSocketEnd
@@ -71,7 +70,6 @@ class ShmTransport(ControlSocketEnd):
             seg, layout, config, arena = own_pool
             max_inline = self.tx.max_payload - _MAX_RECORD_SLACK
             self.send_pool = ShmSendPool(seg, layout, config, max_inline, arena)
-            self.send_pool.early_wake = EarlyWake(self.tx, self.ring)
         if peer_pool is not None:
             seg, layout, mapper = peer_pool
             # (copy_out is the receiving endpoint's option: whoever makes the endpoint

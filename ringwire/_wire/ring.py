@@ -15,9 +15,6 @@ unit tests)::
        256     8  writer      writer-parked: 0, or the writer's park sequence number
        320     8  writer      writer-closed: 1 once the writer will publish no more
        384     8  reader      reader-closed: 1 once the reader will consume no more
-       448     8  writer      copy-hint: 0, or the CLOCK_MONOTONIC ns until which a
-                              record is about to be published (a large copy-in is
-                              finishing): a reader spins rather than parks until then
        512   cap  writer      data area
 
 Every counter and flag sits on its own 64-byte cache line, so the writer's and the
@@ -118,7 +115,6 @@ from typing import Any
 from .._errors import FrameTooLarge, RingCorrupted
 
 __all__ = [
-    "COPY_HINT",
     "HEADER_SIZE",
     "LAYOUT_VERSION",
     "MAX_CAPACITY",
@@ -156,11 +152,9 @@ _RPARKED = 24
 _WPARKED = 32
 _WCLOSED = 40
 _RCLOSED = 48
-_COPY_HINT = 56
 RCLOSED = _RCLOSED  # index of the reader-closed flag in ``_Lane.header``
 TAIL = _TAIL  # index of the tail (bytes ever published) in ``_Lane.header``
 WCLOSED = _WCLOSED  # index of the writer-closed flag in ``_Lane.header``
-COPY_HINT = _COPY_HINT  # index of the writer's copy-hint in ``_Lane.header``
 RING_MAGIC = b"RWRING"  # the first six bytes of every ring header
 
 HEADER_WORDS = {
@@ -172,7 +166,6 @@ HEADER_WORDS = {
     "writer_parked": _WPARKED,
     "writer_closed": _WCLOSED,
     "reader_closed": _RCLOSED,
-    "copy_hint": _COPY_HINT,
 }
 """The ring header as a table (the drawing above): field -> index of its native u64
 word.  For tools that read a header from outside, like ``python -m ringwire inspect``."""
