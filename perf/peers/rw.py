@@ -249,7 +249,7 @@ class RingwireSyncRT(Peer):
 def _child_rw_tp(
     ctrl: Any, loop_kind: str | None, end: Any, batch: bool, pool: bool = True
 ) -> None:
-    connect = {"type": Req, "timeout": SETUP_TIMEOUT_S, **_slots_kw(pool)}
+    connect = {"type": Req, "handshake_timeout": SETUP_TIMEOUT_S, **_slots_kw(pool)}
     if loop_kind is None:  # blocking consumer
 
         def make_sync_serve(chan: Any) -> Any:
@@ -387,7 +387,7 @@ def _child_rw_idle(ctrl: Any, loop_kind: str | None, end: Any) -> None:
 
             return serve
 
-        _rw_sync_child(ctrl, end, make_sync_serve, type=Req, timeout=SETUP_TIMEOUT_S)
+        _rw_sync_child(ctrl, end, make_sync_serve, type=Req, handshake_timeout=SETUP_TIMEOUT_S)
         return
 
     def make_serve(chan: Any) -> Any:
@@ -398,7 +398,7 @@ def _child_rw_idle(ctrl: Any, loop_kind: str | None, end: Any) -> None:
 
         return serve
 
-    _rw_async_child(ctrl, loop_kind, end, make_serve, type=Req, timeout=SETUP_TIMEOUT_S)
+    _rw_async_child(ctrl, loop_kind, end, make_serve, type=Req, handshake_timeout=SETUP_TIMEOUT_S)
 
 
 class RingwireIdle(Peer):
