@@ -225,6 +225,14 @@ def format_targets(targets: Iterable[dict[str, Any]]) -> str:
     )
 
 
+def failed_checks(targets: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The correctness checks among ``targets`` (``"check": True``: every record
+    intact, nothing left in ``/dev/shm``...) that did not pass, unmeasured ones
+    included.  A benchmark exits non-zero when there is any: a wrong answer or a leak
+    fails the run, where a missed speed target (``"MISS"``) is only reported."""
+    return [t for t in targets if t.get("check") and t.get("status") != "HIT"]
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -38,12 +38,27 @@ def _slots_kw(pool: bool) -> dict[str, Any]:
     return {} if pool else {"slots": None}
 
 
-def _rw_async_child(ctrl: Any, loop_kind: str, end: Any, make_serve: Any, **connect: Any) -> None:
+def per_park_wait(chan: Any) -> None:
+    """Make ``chan`` wait the way any anyio backend does (``anyio.wait_readable`` on the
+    descriptor per park: an ``epoll_ctl`` add and remove and a handle each time)
+    instead of the asyncio driver's reader registered once for the connection's life:
+    the comparison row for that registration."""
+    waker = chan._waker
+    waker.unregister()
+    waker._aio_ok = False
+
+
+def _rw_async_child(
+    ctrl: Any, loop_kind: str, end: Any, make_serve: Any, per_park: bool = False, **connect: Any
+) -> None:
     """Connect ``end`` asynchronously, serve the parent's rounds with
-    ``make_serve(chan)`` (an ``async serve(n)``), close."""
+    ``make_serve(chan)`` (an ``async serve(n)``), close.  ``per_park``: see
+    :func:`per_park_wait`."""
 
     async def main() -> None:
         chan = await end.connect(**connect)
+        if per_park:
+            per_park_wait(chan)
         try:
             await aserve_rounds(ctrl, make_serve(chan))
         finally:
@@ -62,7 +77,13 @@ def _rw_sync_child(ctrl: Any, end: Any, make_serve: Any, **connect: Any) -> None
 
 
 def _child_rw_async_rt(
-    ctrl: Any, loop_kind: str, end: Any, spin_us: float, size: int = 100, pool: bool = True
+    ctrl: Any,
+    loop_kind: str,
+    end: Any,
+    spin_us: float,
+    size: int = 100,
+    pool: bool = True,
+    per_park: bool = False,
 ) -> None:
     def make_serve(chan: Any) -> Any:
         async def serve(n: int) -> dict[str, Any]:
@@ -74,7 +95,14 @@ def _child_rw_async_rt(
         return serve
 
     _rw_async_child(
-        ctrl, loop_kind, end, make_serve, type=KINDS[size].type, spin_us=spin_us, **_slots_kw(pool)
+        ctrl,
+        loop_kind,
+        end,
+        make_serve,
+        per_park,
+        type=KINDS[size].type,
+        spin_us=spin_us,
+        **_slots_kw(pool),
     )
 
 
@@ -102,25 +130,44 @@ class RingwireAsyncRT(Peer):
     is_async = True
 
     def __init__(
-        self, loop_kind: str, spin_us: float, label: str, size: int = 100, pool: bool = True
+        self,
+        loop_kind: str,
+        spin_us: float,
+        label: str,
+        size: int = 100,
+        pool: bool = True,
+        per_park: bool = False,
     ) -> None:
         super().__init__()
         self.loop_kind = loop_kind
         self.spin_us = spin_us
         self.kind_ = KINDS[size]
         self.pool = pool
+        self.per_park = per_park  # both ends: anyio.wait_readable per park (see per_park_wait)
         extra = "" if pool else ", no slot pool"
+        if per_park:
+            extra += ", wait_readable per park"
         self.name = f"ringwire {label}{extra}{self.kind_.suffix} [{loop_kind}]"
 
     async def asetup(self) -> None:
         a, b = rw_pair()
-        self.spawn(_child_rw_async_rt, self.loop_kind, b, self.spin_us, self.kind_.size, self.pool)
+        self.spawn(
+            _child_rw_async_rt,
+            self.loop_kind,
+            b,
+            self.spin_us,
+            self.kind_.size,
+            self.pool,
+            self.per_park,
+        )
         self.chan = await a.connect(
             type=self.kind_.type,
             spin_us=self.spin_us,
             handshake_timeout=SETUP_TIMEOUT_S,
             **_slots_kw(self.pool),
         )
+        if self.per_park:
+            per_park_wait(self.chan)
         self.ready_info = self.expect("ready")
 
     async def rt_round(self, n: int) -> list[int]:
@@ -202,7 +249,7 @@ class RingwireSyncRT(Peer):
 def _child_rw_tp(
     ctrl: Any, loop_kind: str | None, end: Any, batch: bool, pool: bool = True
 ) -> None:
-    connect = {"type": Req, "timeout": SETUP_TIMEOUT_S, **_slots_kw(pool)}
+    connect = {"type": Req, "handshake_timeout": SETUP_TIMEOUT_S, **_slots_kw(pool)}
     if loop_kind is None:  # blocking consumer
 
         def make_sync_serve(chan: Any) -> Any:
@@ -340,7 +387,7 @@ def _child_rw_idle(ctrl: Any, loop_kind: str | None, end: Any) -> None:
 
             return serve
 
-        _rw_sync_child(ctrl, end, make_sync_serve, type=Req, timeout=SETUP_TIMEOUT_S)
+        _rw_sync_child(ctrl, end, make_sync_serve, type=Req, handshake_timeout=SETUP_TIMEOUT_S)
         return
 
     def make_serve(chan: Any) -> Any:
@@ -351,7 +398,7 @@ def _child_rw_idle(ctrl: Any, loop_kind: str | None, end: Any) -> None:
 
         return serve
 
-    _rw_async_child(ctrl, loop_kind, end, make_serve, type=Req, timeout=SETUP_TIMEOUT_S)
+    _rw_async_child(ctrl, loop_kind, end, make_serve, type=Req, handshake_timeout=SETUP_TIMEOUT_S)
 
 
 class RingwireIdle(Peer):
