@@ -129,8 +129,13 @@ class RayHost:
 
 
 def _condense(exc: BaseException) -> str:
-    """One line of Ray's error (its messages span lines; keep the gist)."""
-    text = re.sub(r"\s+", " ", str(exc) or type(exc).__name__).strip()
+    """One line of Ray's error (its messages span lines; keep the gist).  A task's error
+    is the exception the actor raised (``RayTaskError.cause``)."""
+    cause = getattr(exc, "cause", None)
+    if type(exc).__name__.startswith("RayTaskError") and isinstance(cause, BaseException):
+        exc = cause
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc) or type(exc).__name__)
+    text = re.sub(r"\s+", " ", text).strip()
     return f"{type(exc).__name__}: {text[:400]}"
 
 
