@@ -136,6 +136,9 @@ def _condense(exc: BaseException) -> str:
         exc = cause
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc) or type(exc).__name__)
     text = re.sub(r"\s+", " ", text).strip()
+    why = text.find("The actor is dead because")  # Ray's verdict, past the actor's ids
+    if why > 0:
+        text = f"{text[: text.find('.') + 1]} {text[why:]}"
     return f"{type(exc).__name__}: {text[:400]}"
 
 
