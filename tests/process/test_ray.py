@@ -230,7 +230,9 @@ async def test_kill_9_under_stop_stops_the_topology(cluster: Any) -> None:
 async def test_an_actor_that_cannot_start_is_a_start_error(
     cluster: Any, entry: str, ray_options: dict[str, Any], says: str
 ) -> None:
-    topo = runtime.Topology([runtime.RayWorker("bad", entry, ray_options=ray_options)], ready_timeout=4)
+    topo = runtime.Topology(
+        [runtime.RayWorker("bad", entry, ray_options=ray_options)], ready_timeout=4
+    )
     t0 = time.monotonic()
     with pytest.raises(runtime.WorkerStartError, match=says) as info:
         async with topo:
