@@ -77,7 +77,8 @@ def cluster() -> Iterator[Any]:
     tmp = tempfile.mkdtemp(prefix="rwray-", dir="/tmp")  # short: Ray's socket paths
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "PYTHONPATH")}
     os.environ["RAY_TMPDIR"] = tmp
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved["PYTHONPATH"]]))
+    path = [str(TESTS), str(TESTS.parent / "examples"), saved["PYTHONPATH"]]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, path))  # the actors import these
     os.makedirs(os.path.join(tmp, "ray"))
     node = dict(num_cpus=1, object_store_memory=80 << 20)
     c = None
@@ -247,3 +248,77 @@ def test_ray_options_that_restart_are_refused() -> None:
         runtime.RayWorker("x", ENTRY, ray_options={"max_restarts": 3})
     with pytest.raises(ValueError, match="transport must be"):
         runtime.RayWorker("x", ENTRY, transport="shm")  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_chaos_kills_of_ray_workers_while_serving(cluster: Any) -> None:
+    """The runtime's chaos case on Ray workers (one per node, one over TCP): each is
+    killed (kill -9) a few times while a driver makes checked round trips; the front's
+    channel reports each death within a second, each is a WorkerExit with Ray's verdict,
+    and the restarted actor serves again from a new channel."""
+    kills = 2
+    policy = runtime.Restart(max_restarts=100, backoff=0.0)
+    topo = runtime.Topology(
+        [
+            runtime.RayWorker("ca", ENTRY, ray_options=NODE_A, policy=policy),
+            runtime.RayWorker("cb", ENTRY, ray_options=NODE_B, policy=policy, transport="tcp"),
+        ],
+        ready_timeout=60,
+        heartbeat=1.0,
+    )
+    detect: list[float] = []
+
+    async def drive(name: str) -> None:
+        chan = None
+        for _ in range(kills + 1):
+            with anyio.fail_after(60):
+                chan = await topo.wait_channel(name, replacing=chan)
+            await chan.send("hello")
+            pid = (await chan.receive())["pid"]
+            for n in range(20):  # checked round trips, then the kill
+                await chan.send({"n": n})
+                assert (await chan.receive())["echo"] == {"n": n}
+            if len([e for e in topo.history if getattr(e, "name", "") == name and isinstance(e, runtime.WorkerExit)]) >= kills:  # fmt: skip
+                return
+            t = time.perf_counter()
+            os.kill(pid, signal.SIGKILL)
+            with anyio.fail_after(5), pytest.raises((anyio.BrokenResourceError, anyio.EndOfStream)):
+                while True:
+                    await chan.send({"n": -1})
+                    await chan.receive()
+            detect.append(time.perf_counter() - t)
+
+    async with topo:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drive, "ca")
+            tg.start_soon(drive, "cb")
+        exits = [e for e in topo.history if isinstance(e, runtime.WorkerExit)]
+        assert len(exits) == 2 * kills, [e.describe() for e in exits]
+        assert all(not e.expected and e.ray for e in exits), [e.describe() for e in exits]
+        assert {topo.status()[n].incarnation for n in ("ca", "cb")} == {kills}
+    assert len(detect) == 2 * kills and max(detect) < 1.0, detect
+    assert_nothing_left(topo)
+
+
+@pytest.mark.anyio
+async def test_the_pipeline_with_ranks_placed_by_ray(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/pipeline --ray: every rank a Ray actor (on the head node, the front's
+    host: the steps through shared memory); the answers are exact."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(TESTS.parent / "examples"))
+    from pipeline import stages
+    from pipeline.app import RingwireBackend
+
+    backend = RingwireBackend(2, ray={"options": NODE_A})
+    async with backend.running():
+        body = {"prompt": "a ✓", "images": 2, "seed": 7, "dtype": "float32", "size": 224}
+        req = stages.parse_request(body, "r1")
+        got = await backend.generate(req, timeout=60)
+        want = stages.expected(req)
+        assert got.feature_sum == want["feature_sum"] and got.output_ids == want["output_ids"]
+        status = backend.topology.status()
+        assert all("Ray node" in (status[f"rank-{r}"].host or "") for r in range(2))
+    assert_nothing_left(backend.topology)
