@@ -302,6 +302,7 @@ class RaySupervision:
             heartbeat=self._ray_heartbeat, timeout=timeout,
         )  # fmt: skip
         keys = None if local else self._ray_keys
+        desk.number_next(name, w.incarnation + 1)
         run_ref = w.actor.run.remote(address, name, spec.entry, keys, settings)
         outcome: list[Any] = []
         finished = anyio.Event()

@@ -335,6 +335,11 @@ class Desk:
         self._current[name] = j
         return j
 
+    def number_next(self, name: str, incarnation: int) -> None:
+        """The next join of ``name`` is its incarnation ``incarnation`` (a Ray worker's
+        incarnations may join through either of two desks: the supervisor counts)."""
+        self._incarnation[name] = incarnation
+
     def no_show(self, name: str, first: bool, timeout: float) -> str:
         """Why the topology stops when ``name`` did not (re)join in time."""
         what = "join" if first else "rejoin"

@@ -524,7 +524,8 @@ def topology(
     PORT + its index (tokenizer 0, scheduler 1, rank R 2 + R; PORT 0: any free port).
     ``ray``: ``{"options": RAY_OPTIONS}`` -- every rank is a Ray actor
     (:class:`ringwire.runtime.RayWorker`, :func:`ray_rank`), placed by Ray with those
-    ``ray_options``; ``remote`` then only says where ranks on other hosts subscribe."""
+    ``ray_options``; ``remote`` then only says where ranks on other hosts subscribe
+    (``"transport": "tcp"`` sends every rank there, as if all were on other hosts)."""
     if not 1 <= ranks <= 8:
         raise ValueError(f"ranks must be from 1 to 8, not {ranks!r}")
     local = ranks - (int(remote["ranks"]) if remote else 0)
@@ -560,8 +561,8 @@ def topology(
         workers += [
             runtime.RayWorker(
                 f"rank-{r}", "pipeline.workers:ray_rank", ray_options=ray.get("options"),
-                options={**common, **serving(2 + r), "rank": r, "boot_id": _boot_id(),
-                         "remote": remote},
+                options={**common, **serving(2 + r), "rank": r, "remote": remote,
+                         "boot_id": _boot_id() if ray.get("transport") != "tcp" else "tcp"},
                 slots=None, capacity=64 << 10, ready="explicit",
             )
             for r in range(ranks)

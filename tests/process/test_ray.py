@@ -243,13 +243,6 @@ async def test_an_actor_that_cannot_start_is_a_start_error(
     assert _wait(lambda: not alive_actors(), 10.0), f"actors left: {alive_actors()}"
 
 
-def test_ray_options_that_restart_are_refused() -> None:
-    with pytest.raises(ValueError, match="Ray's own restarts stay off"):
-        runtime.RayWorker("x", ENTRY, ray_options={"max_restarts": 3})
-    with pytest.raises(ValueError, match="transport must be"):
-        runtime.RayWorker("x", ENTRY, transport="shm")  # type: ignore[arg-type]
-
-
 @pytest.mark.anyio
 @pytest.mark.timeout(180)
 async def test_chaos_kills_of_ray_workers_while_serving(cluster: Any) -> None:
@@ -302,17 +295,26 @@ async def test_chaos_kills_of_ray_workers_while_serving(cluster: Any) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
 async def test_the_pipeline_with_ranks_placed_by_ray(
-    cluster: Any, monkeypatch: pytest.MonkeyPatch
+    cluster: Any, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
-    """examples/pipeline --ray: every rank a Ray actor (on the head node, the front's
-    host: the steps through shared memory); the answers are exact."""
+    """examples/pipeline --ray: every rank a Ray actor; on the front's host the steps
+    arrive through shared memory, as on other hosts over TCP (``--ray-tcp``: forced
+    here); the answers are exact."""
     pytest.importorskip("torch")
     monkeypatch.syspath_prepend(str(TESTS.parent / "examples"))
     from pipeline import stages
     from pipeline.app import RingwireBackend
+    from pipeline.workers import remote_config
+    from support.net import free_url
 
-    backend = RingwireBackend(2, ray={"options": NODE_A})
+    remote = None
+    if transport == "tcp":
+        steps, results = free_url(), free_url()
+        remote = remote_config(2, 2, steps, results=results)
+    ray_ = {"options": NODE_B, "transport": transport}
+    backend = RingwireBackend(2, ray=ray_, remote=remote)
     async with backend.running():
         body = {"prompt": "a ✓", "images": 2, "seed": 7, "dtype": "float32", "size": 224}
         req = stages.parse_request(body, "r1")
