@@ -1,11 +1,13 @@
-"""Ray workers on a real Ray cluster of two nodes on this machine (``ray.cluster_utils``:
-a head with resource ``node_a`` and a second node with ``node_b``, started once for the
-module): a worker on each node (one forced to TCP) beside a local worker, records and
-4 MiB arrays both ways; kill -9 of an actor's process under ``Restart`` and under
-``"stop"``; an actor that cannot start (a bad entry, an unsatisfiable resource); after
-every stop no actor, actor process, socket or shared-memory name is left (the suite's
-conftest checks the last two; the module's end checks that Ray's own processes are
-gone).  Skipped, with the reason, where Ray is not installed or cannot start."""
+"""Ray workers on a real Ray cluster on this machine (``ray.cluster_utils``: a head
+with resource ``node_a``, a second node with ``node_b`` and a third, ``node_c``, that one
+test loses; started once for the module): a worker on each node (one forced to TCP)
+beside a local worker, records and 4 MiB arrays both ways; kill -9 of an actor's process
+under ``Restart`` and under ``"stop"``, and the chaos case (kills while serving); a lost
+node; an actor that cannot start (a bad entry, an unsatisfiable resource); the pipeline
+example's Ray ranks.  After every stop no actor, actor process, socket or shared-memory
+name is left (the suite's conftest checks the last two; the module's end checks that
+Ray's own processes are gone).  Skipped, with the reason, where Ray is not installed or
+cannot start."""
 
 from __future__ import annotations
 
@@ -67,7 +69,8 @@ def _wait(pred: Any, timeout: float) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    """Two Ray nodes on this machine; the driver connected.  Ray's files live in a
+    """Two Ray nodes on this machine (and a third, ``node_c``, that a test loses); the
+    driver connected.  Ray's files live in a
     temporary directory of the module's (removed at the end); its daemons, children of
     this process, are started before any test's leak check and must all be gone at the
     end."""
@@ -91,6 +94,7 @@ def cluster() -> Iterator[Any]:
             ),
         )  # fmt: skip
         c.add_node(**node, resources={"node_b": 1})
+        c.node_c = c.add_node(**node, resources={"node_c": 1})  # lost by a test
         ray.init(address=c.address, log_to_driver=False)
     except Exception as exc:  # pragma: no cover - where Ray cannot start
         if c is not None:
@@ -324,3 +328,23 @@ async def test_the_pipeline_with_ranks_placed_by_ray(
         status = backend.topology.status()
         assert all("Ray node" in (status[f"rank-{r}"].host or "") for r in range(2))
     assert_nothing_left(backend.topology)
+
+
+@pytest.mark.anyio
+async def test_a_lost_node_is_seen_through_the_channel_with_rays_verdict(cluster: Any) -> None:
+    """The node of a Ray worker is lost (the module's third node, ``node_c``, there for
+    this test: its raylet killed): the channel breaks, the topology (policy "stop")
+    stops, and the WorkerExit carries Ray's view of the death."""
+    node = cluster.node_c
+    opts = {"num_cpus": 0, "resources": {"node_c": 0.1}}
+    topo = runtime.Topology([runtime.RayWorker("n", ENTRY, ray_options=opts)], ready_timeout=60)
+    async with topo:
+        chan = topo.channel("n")
+        await chan.send("x")
+        await chan.receive()
+        cluster.remove_node(node, allow_graceful=False)
+        with anyio.fail_after(20):
+            await topo.wait_stopped()
+    (ex,) = [e for e in topo.history if isinstance(e, runtime.WorkerExit)]
+    assert not ex.expected and ex.ray, ex.describe()
+    assert_nothing_left(topo)
