@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import signal as _signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, Union
 
 import ringwire
@@ -181,6 +181,7 @@ class RayWorker:
 
     name: str
     entry: str
+    _: KW_ONLY
     ray_options: Mapping[str, Any] | None = None
     policy: Policy = "stop"
     options: Mapping[str, Any] = field(default_factory=dict)

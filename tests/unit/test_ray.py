@@ -28,6 +28,8 @@ def test_a_ray_worker_declaration_is_checked() -> None:
     ]:
         with pytest.raises(ValueError, match=says):
             runtime.RayWorker("x", "m:f", **bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):  # everything after the entry is a keyword
+        runtime.RayWorker("x", "m:f", {"num_gpus": 1})  # type: ignore[misc]
     with pytest.raises(ValueError, match="entry must look like"):
         runtime.RayWorker("x", "no-colon")
     with pytest.raises(ValueError, match="worker names"):
