@@ -16,8 +16,8 @@ vLLM's executor stopped using for its steps)?  Payloads: a ~100-byte record and 
 instance (a local one started here, or ``RAY_ADDRESS``'s), side by side, in
 interleaved rounds (the first peer rotated each round), so a noisy machine's drift
 lands on all alike; compare the ratios (``÷ ringwire shm``), not the microseconds.
-Also: the time from entering ``async with topo`` to both Ray workers ready, against
-creating a plain actor and getting its first reply.
+Also: the time from entering ``async with topo`` to its Ray workers ready (both; each
+alone), against creating a plain actor and getting its first reply.
 """
 
 from __future__ import annotations
@@ -77,24 +77,26 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             runtime.RayWorker("shm", "perf.ray:echo", ray_options=opts),
             runtime.RayWorker("tcp", "perf.ray:echo", ray_options=opts, transport="tcp"),
         ]
-        start_topo, start_actor = [], []
+        starts: dict[str, list[float]] = {
+            "topology with 2 RayWorkers, shm + tcp (async with -> all ready)": [],
+            "topology with 1 RayWorker, shm": [],
+            "topology with 1 RayWorker, tcp": [],
+            "plain Ray actor (create -> first reply)": [],
+        }
+        kinds = list(zip(starts, [workers, workers[:1], workers[1:]]))
         for _ in range(args.starts):
             t0 = time.perf_counter()
             a = ray.remote(Echo).options(num_cpus=0).remote()
             await a.echo.remote(1)
-            start_actor.append(time.perf_counter() - t0)
+            starts["plain Ray actor (create -> first reply)"].append(time.perf_counter() - t0)
             ray.kill(a)
-            t0 = time.perf_counter()
-            async with runtime.Topology(workers, ready_timeout=120):
-                start_topo.append(time.perf_counter() - t0)
+            for label, which in kinds:
+                t0 = time.perf_counter()
+                async with runtime.Topology(which, ready_timeout=120):
+                    starts[label].append(time.perf_counter() - t0)
         actor = ray.remote(Echo).options(num_cpus=0).remote()
         await actor.echo.remote(1)
-        results: dict[str, Any] = {
-            "startup_s": {
-                "topology with 2 RayWorkers (async with -> all ready)": start_topo,
-                "plain Ray actor (create -> first reply)": start_actor,
-            }
-        }
+        results: dict[str, Any] = {"startup_s": starts}
         async with runtime.Topology(workers, ready_timeout=120) as topo:
             shm, tcp = topo.channel("shm"), topo.channel("tcp")
 
