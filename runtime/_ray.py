@@ -41,8 +41,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -211,8 +213,12 @@ class RaySupervision:
             ) from None
         ray = import_ray()
         if not ray.is_initialized():
+            main = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if main else None
             ray.init()  # RAY_ADDRESS, else a running local cluster, else a new one
             self._ray_owned = True
+            if sigterm is not None:  # ray.init installs a SIGTERM handler (sys.exit): ours stays
+                signal.signal(signal.SIGTERM, sigterm)
         self._ray_dir = tmp = tempfile.mkdtemp(prefix="ringwire-ray-")
         keygen(tmp, "server")
         keygen(Path(tmp, "clients"), "ray")

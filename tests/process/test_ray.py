@@ -77,6 +77,7 @@ def cluster() -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
     before = _children()
+    sigterm = signal.getsignal(signal.SIGTERM)  # ray.init installs its own
     tmp = tempfile.mkdtemp(prefix="rwray-", dir="/tmp")  # short: Ray's socket paths
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "PYTHONPATH")}
     os.environ["RAY_TMPDIR"] = tmp
@@ -107,6 +108,8 @@ def cluster() -> Iterator[Any]:
     finally:
         ray.shutdown()
         c.shutdown()
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
