@@ -220,16 +220,15 @@ class RaySupervision:
             if sigterm is not None:  # ray.init installs a SIGTERM handler (sys.exit): ours stays
                 signal.signal(signal.SIGTERM, sigterm)
         self._ray_dir = tmp = tempfile.mkdtemp(prefix="ringwire-ray-")
-        keygen(tmp, "server")
-        keygen(Path(tmp, "clients"), "ray")
-        os.unlink(Path(tmp, "clients", "ray.key_secret"))
+        keygen(tmp, "server")  # this topology's pairs: the server's, and one for its actors
         keygen(tmp, "ray")
+        os.mkdir(Path(tmp, "clients"), 0o700)
+        shutil.copy(Path(tmp, "ray.key"), Path(tmp, "clients", "ray.key"))
         self._ray_keys = (
             Path(tmp, "ray.key_secret").read_bytes(),
             Path(tmp, "server.key").read_bytes(),
         )
         server = ringwire.ServerKeys(secret=Path(tmp, "server.key_secret"), clients=Path(tmp, "clients"))  # fmt: skip
-        shutil.copy(Path(tmp, "ray.key"), Path(tmp, "clients", "ray.key"))
         common = dict(
             remote=self._ray_specs, local=self._ray_others, slots=self._ray_slots,
             heartbeat=self._ray_heartbeat, insecure=False,

@@ -25,6 +25,7 @@ import anyio
 import numpy as np
 import pytest
 
+import ringwire
 from ringwire import runtime
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'ringwire[ray]')")
@@ -179,6 +180,9 @@ async def test_a_worker_on_each_node_and_a_local_one(cluster: Any) -> None:
         assert (await local.receive())["echo"] == {"x": 1}
         assert topo.status()["a"].host and "Ray node" in topo.status()["a"].host
         assert len(alive_actors()) == 2
+        # the TCP desk admits only the holder of the client key the actors were handed
+        with pytest.raises(ringwire.PeerCredentialsError):
+            await ringwire.connect(topo._ray_tcp_address, handshake_timeout=10)
     exits = [e for e in topo.history if isinstance(e, runtime.WorkerExit)]
     assert sorted(e.name for e in exits) == ["a", "b", "local"]
     assert all(e.expected and e.exitcode == 0 for e in exits), [e.describe() for e in exits]
