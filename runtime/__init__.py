@@ -26,6 +26,10 @@ A worker on another machine joins by name over TCP (:class:`RemoteWorker`,
 ``Topology(listen="tcp://...")``; there: ``python -m ringwire.runtime join
 tcp://front:7100 --name NAME --entry package.module:function`` or :func:`join`).
 
+A worker placed by a Ray cluster is a :class:`RayWorker` (``pip install
+'ringwire[ray]'``): the topology starts it as a Ray actor and wires it by shared memory
+on the front's host, by TCP with CURVE keys elsewhere (:mod:`ringwire.runtime._ray`).
+
 See :class:`Topology` for the lifecycle, supervision and stop semantics.
 """
 
@@ -34,6 +38,7 @@ from ._state import WorkerStatus
 from ._supervisor import Topology
 from ._topology import (
     JoinRefused,
+    RayWorker,
     Rejoin,
     RemoteWorker,
     Restart,
@@ -52,6 +57,7 @@ from ._worker import WorkerContext
 
 __all__ = [
     "JoinRefused",
+    "RayWorker",
     "Rejoin",
     "RemoteWorker",
     "Restart",

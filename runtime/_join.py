@@ -43,7 +43,7 @@ from ._worker import (
     resolve_entry,
 )
 
-__all__ = ["join", "join_async"]
+__all__ = ["join", "join_async", "run_joined"]
 
 _RETRY_EVERY = 0.2
 _GONE_GRACE = 0.5  # an entry broken by the front's death waits this long for the verdict
@@ -189,6 +189,18 @@ async def join_async(
     whatever importing a string ``entry`` raises.
     """
     fn = _check(address, name, entry, timeout, retry_for)
+    return await run_joined(
+        address, name, fn, ready=ready, slots=slots, capacity=capacity,
+        heartbeat=heartbeat, timeout=timeout, retry_for=retry_for, keys=keys,
+    )  # fmt: skip
+
+
+async def run_joined(
+    address: str, name: str, fn: Entry, *, ready: str, slots: ringwire.SlotConfig | None,
+    capacity: int, heartbeat: float, timeout: float, retry_for: float, keys: Any,
+) -> int:  # fmt: skip
+    """:func:`join_async` once its arguments are checked; ``address`` may also be a
+    Unix socket path (a Ray worker on the front's host: :mod:`ringwire.runtime._ray`)."""
     if ready not in ("auto", "explicit"):
         raise ValueError(f"ready must be 'auto' or 'explicit', not {ready!r}")
     net = {"heartbeat": heartbeat, **net_keys(keys, ringwire.connect)}

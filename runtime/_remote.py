@@ -41,7 +41,7 @@ import anyio.abc
 import ringwire
 from ringwire._conn.netconn import DEFAULT_HEARTBEAT, check_bind, check_heartbeat
 
-from ._topology import Rejoin, RemoteWorker
+from ._topology import RayWorker, Rejoin, RemoteWorker
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
@@ -120,20 +120,24 @@ class Desk:
     ``remote``: the remote workers by name; ``local``: the names of the local ones
     (refused with their own reason).  Constructing it validates the address (a bad
     one, or a non-loopback one without ``insecure=True``, raises ``ValueError``);
-    :meth:`run` binds it."""
+    :meth:`run` binds it.  ``unix``: ``url`` is a Unix socket path (shared-memory
+    channels; the desk of the Ray workers on the front's host)."""
 
     def __init__(
         self,
         url: str,
         *,
-        remote: Mapping[str, RemoteWorker],
+        remote: Mapping[str, RemoteWorker | RayWorker],
         local: Iterable[str],
         slots: ringwire.SlotConfig | None,
         heartbeat: float,
         insecure: bool,
         keys: Any = None,
+        unix: bool = False,
     ) -> None:
-        if not isinstance(url, str) or not url.startswith("tcp://"):
+        if unix:  # Ray workers on this host join at a Unix socket path (ringwire._ray)
+            keys = None
+        elif not isinstance(url, str) or not url.startswith("tcp://"):
             raise ValueError(
                 f"listen= takes a tcp://host:port address for remote workers to join, not {url!r}"
             )
@@ -145,7 +149,7 @@ class Desk:
             handshake_timeout=ADMIT_TIMEOUT,
             **net_keys(keys, ringwire.Listener),  # CURVE keys: the transport's business
         )
-        if keys is None:  # (with keys, the transport judges a non-loopback bind itself)
+        if keys is None and not unix:  # (with keys, the transport judges a non-loopback bind)
             check_bind(url, insecure)  # a bad address; non-loopback without insecure=True
         self._listener: ringwire.Listener | None = None
         self.address = url
@@ -330,6 +334,11 @@ class Desk:
         self._state[name] = "joined"
         self._current[name] = j
         return j
+
+    def number_next(self, name: str, incarnation: int) -> None:
+        """The next join of ``name`` is its incarnation ``incarnation`` (a Ray worker's
+        incarnations may join through either of two desks: the supervisor counts)."""
+        self._incarnation[name] = incarnation
 
     def no_show(self, name: str, first: bool, timeout: float) -> str:
         """Why the topology stops when ``name`` did not (re)join in time."""

@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 import anyio
 
@@ -15,7 +16,7 @@ import ringwire
 
 from . import _worker
 from ._remote import Ended, Joined, message
-from ._topology import RemoteWorker, Worker, WorkerExit
+from ._topology import RayWorker, RemoteWorker, Worker, WorkerExit
 
 __all__ = ["Notifier", "WorkerState", "WorkerStatus", "close_quietly", "notice_peer_gone"]
 
@@ -50,9 +51,11 @@ class Notifier:
 
 
 class WorkerState:
-    def __init__(self, spec: Worker | RemoteWorker) -> None:
+    def __init__(self, spec: Worker | RemoteWorker | RayWorker) -> None:
         self.spec = spec
         self.remote = isinstance(spec, RemoteWorker)
+        self.ray = isinstance(spec, RayWorker)
+        self.actor: Any = None  # a Ray worker's current actor (ringwire.runtime._ray)
         self.joined: Joined | None = None  # a remote worker's current join
         self.host: str | None = None
         self.note: str | None = None  # why it never came up, when no exit says

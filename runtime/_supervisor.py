@@ -60,9 +60,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 import ringwire
 
 from . import _spawn, _worker
-from ._remote import DEFAULT_HEARTBEAT, Desk, Ended, Joined, watch
+from ._ray import RaySupervision
+from ._remote import DEFAULT_HEARTBEAT, Desk, Ended, watch
 from ._state import Notifier, WorkerState, WorkerStatus, close_quietly
 from ._topology import (
+    RayWorker,
     Rejoin,
     RemoteWorker,
     Restart,
@@ -87,7 +89,7 @@ _CLOSE_GRACE = 2.0  # a worker whose channel failed to connect gets this long to
 _JOIN_AFTER_KILL = 10.0  # a SIGKILLed process is always reaped well within this
 
 
-class Topology:
+class Topology(RaySupervision):
     """Named worker processes, each connected to this (the front) process by a channel.
 
     ::
@@ -133,9 +135,10 @@ class Topology:
     ) -> None:
         self._workers: dict[str, WorkerState] = {}
         for spec in workers:
-            if not isinstance(spec, (Worker, RemoteWorker)):
+            if not isinstance(spec, (Worker, RemoteWorker, RayWorker)):
                 raise TypeError(
-                    f"expected a ringwire.runtime.Worker or RemoteWorker, not {type(spec).__name__}"
+                    "expected a ringwire.runtime.Worker, RemoteWorker or RayWorker, "
+                    f"not {type(spec).__name__}"
                 )
             if spec.name in self._workers:
                 raise ValueError(f"two workers are named {spec.name!r}")
@@ -157,6 +160,7 @@ class Topology:
                 listen, remote=remote, local=local, slots=slots, heartbeat=heartbeat,
                 insecure=insecure, keys=keys,
             )  # fmt: skip
+        self._ray_setup([w.spec for w in self._workers.values()], slots, heartbeat)
         self._front_slots = slots
         self._ready_timeout = float(ready_timeout)
         self._drain_timeout = float(drain_timeout)
@@ -319,6 +323,7 @@ class Topology:
                 await tg.start(self._watch_signals)
             if self._desk is not None:
                 await tg.start(self._desk.run)
+            await self._ray_start(tg)
             for w in self._workers.values():
                 w.done = False
                 tg.start_soon(self._supervise, w, name=f"ringwire supervisor {w.spec.name}")
@@ -364,7 +369,10 @@ class Topology:
     async def _supervise(self, w: WorkerState) -> None:
         try:
             while True:
-                ex = await (self._joined_incarnation(w) if w.remote else self._incarnation(w))
+                if w.ray:
+                    ex = await self._ray_incarnation(w)
+                else:
+                    ex = await (self._joined_incarnation(w) if w.remote else self._incarnation(w))
                 if ex is None or ex.expected or self._stop_started or self._state == "starting":
                     break
                 policy = w.spec.policy
@@ -544,17 +552,6 @@ class Topology:
         self._changed.notify()
         return ex
 
-    async def _bring_up_joined(self, w: WorkerState, j: Joined, ready: anyio.Event) -> None:
-        with anyio.move_on_after(self._ready_timeout) as scope:
-            await ready.wait()
-        if scope.cancelled_caught:
-            self._kill(w, f"not ready within {self._ready_timeout:g} s")
-            return
-        assert j.data is not None
-        self._publish(w, j.data, j.t0, j.host)
-        if self._stop_started:
-            await self._request_stop(w)
-
     async def _read_control(self, ctrl: Connection, ready: anyio.Event, errors: list[str]) -> None:
         while True:
             await anyio.wait_readable(ctrl.fileno())
@@ -619,6 +616,8 @@ class Topology:
         if w.joined is not None:  # a remote process cannot be killed: drop its connections
             w.kill_reason = w.kill_reason or reason
             w.joined.abort(f"the front dropped worker {w.spec.name!r}: {reason}")
+        if w.actor is not None and w.joined is None:  # a Ray actor not joined yet
+            self._ray_kill(w, reason)
         proc = w.proc
         if proc is not None and proc.exitcode is None:
             if w.kill_reason is None:
@@ -682,6 +681,7 @@ class Topology:
         workers = list(self._workers.values())
         if self._desk is not None:
             self._desk.begin_stop()
+        self._ray_begin_stop()
         if not self._force:
             for w in workers:
                 if w.proc is not None or w.joined is not None:
@@ -710,6 +710,7 @@ class Topology:
             w.chan = None
         if self._desk is not None:
             await self._desk.aclose()
+        await self._ray_aclose()
         ringwire.sweep_segments()
 
     async def aclose(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import signal as _signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, Union
 
 import ringwire
@@ -13,6 +13,7 @@ import ringwire
 __all__ = [
     "JoinRefused",
     "Rejoin",
+    "RayWorker",
     "RemoteWorker",
     "Restart",
     "RuntimeFailure",
@@ -159,6 +160,59 @@ class RemoteWorker:
             raise ValueError(f"options must be a mapping, not {type(self.options).__name__}")
 
 
+@dataclass(frozen=True)
+class RayWorker:
+    """A worker that runs as a Ray actor, placed by the Ray cluster the topology
+    connects to (``ray.init()``'s address rules, or the one this program already
+    initialised; ``pip install 'ringwire[ray]'``).
+
+    The actor runs the same ``async def entry(ctx)`` with the same
+    :class:`~ringwire.runtime.WorkerContext`; the front gets ``topo.channel(name)``.
+    ``ray_options`` go to Ray as they are (``num_cpus``, ``num_gpus``, ``resources``,
+    ``scheduling_strategy``, ``runtime_env``, ...), except Ray's own restarts, which
+    stay off (``max_restarts`` / ``max_task_retries`` are refused: ``policy`` decides).
+    ``transport``: ``"auto"`` -- shared memory when Ray placed the actor on the
+    front's host (the same kernel boot id), ``tcp://`` with CURVE keys the topology
+    generates otherwise; ``"tcp"`` forces TCP.  ``policy``: ``"stop"`` stops the
+    topology when the actor dies, :class:`Restart` creates a new actor (same
+    ``ray_options``: Ray may place it on another node).  ``options``, ``slots``,
+    ``capacity``, ``ready``: as for :class:`Worker`.  Raises ``ValueError``.
+    """
+
+    name: str
+    entry: str
+    _: KW_ONLY
+    ray_options: Mapping[str, Any] | None = None
+    policy: Policy = "stop"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    transport: Literal["auto", "tcp"] = "auto"
+    slots: ringwire.SlotConfig | None = ringwire.DEFAULT_SLOTS
+    capacity: int = ringwire.DEFAULT_CAPACITY
+    ready: Literal["auto", "explicit"] = "auto"
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        if not isinstance(self.entry, str) or self.entry.count(":") != 1:
+            raise ValueError(f"entry must look like 'package.module:function', not {self.entry!r}")
+        if self.policy != "stop" and not isinstance(self.policy, Restart):
+            raise ValueError(f"policy must be 'stop' or a Restart, not {self.policy!r}")
+        if self.transport not in ("auto", "tcp"):
+            raise ValueError(f"transport must be 'auto' or 'tcp', not {self.transport!r}")
+        if self.ready not in ("auto", "explicit"):
+            raise ValueError(f"ready must be 'auto' or 'explicit', not {self.ready!r}")
+        if not isinstance(self.options, Mapping):
+            raise ValueError(f"options must be a mapping, not {type(self.options).__name__}")
+        opts = self.ray_options
+        if opts is not None and not isinstance(opts, Mapping):
+            raise ValueError(f"ray_options must be a mapping, not {type(opts).__name__}")
+        for key in ("max_restarts", "max_task_retries"):
+            if opts and opts.get(key):
+                raise ValueError(
+                    f"ray_options={{{key!r}: {opts[key]!r}}}: Ray's own restarts stay off; "
+                    f"give RayWorker(..., policy=Restart(...)) instead"
+                )
+
+
 def check_name(name: object) -> str:
     """``name`` if it is a valid worker name; ``ValueError`` naming it otherwise."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -211,6 +265,7 @@ class WorkerExit:
     swept: tuple[str, ...] = ()  # /dev/shm names it left behind, removed by the sweep
     host: str | None = None  # a remote worker's host (None: a local process)
     lost: str | None = None  # a remote worker whose connection broke: how
+    ray: str | None = None  # a Ray worker: Ray's own view of the actor's end
 
     @property
     def status(self) -> str:
@@ -231,6 +286,8 @@ class WorkerExit:
             text += f"; {self.slots_reclaimed} slot(s) reclaimed"
         if self.swept:
             text += f"; swept {len(self.swept)} /dev/shm name(s)"
+        if self.ray:
+            text += f"; Ray: {self.ray}"
         return text
 
 

@@ -9,6 +9,11 @@ the scheduler serves its broadcast at PORT and a results listener at PORT + 1, p
 the other host, ``python examples/pipeline rank tcp://HOST:PORT --rank R --ranks N``
 runs rank R (see examples/README.md: keys, two machines, two network namespaces).
 
+With ``--ray`` every rank is a Ray actor (``runtime.RayWorker``) placed by the Ray
+cluster ``ray.init()`` finds: the shape of vLLM's Ray executor.  Ranks on this host read
+the scheduler's broadcast through shared memory; with ``--ray-tcp`` (and ``--insecure``
+or a 127.0.0.1 ``--tcp``) ranks Ray places on other hosts subscribe over TCP.
+
 Observability (see examples/README.md, pipeline.observe): with the OpenTelemetry SDK
 installed every HTTP request is one trace across all processes, printed by the console
 exporter, sent over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, or appended as JSON
@@ -19,6 +24,7 @@ is the front's Prometheus metrics; --worker-metrics-port makes every worker serv
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import sys
 from pathlib import Path
@@ -71,6 +77,24 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds the remote ranks have to join (default %(default)g)",
     )  # fmt: skip
 
+    rg = ap.add_argument_group("ranks placed by Ray (pip install 'ringwire[ray]')")
+    rg.add_argument(
+        "--ray", action="store_true",
+        help="every rank is a Ray actor (runtime.RayWorker) on the cluster ray.init() finds "
+        "(RAY_ADDRESS, a local one, else a new one): ranks on this host read the steps "
+        "through shared memory, ranks on other hosts over --tcp (with --ray-tcp)",
+    )  # fmt: skip
+    rg.add_argument("--ray-gpus", type=float, default=0.0, help="num_gpus per rank (default 0)")
+    rg.add_argument(
+        "--ray-resources", type=json.loads, default=None, metavar="JSON",
+        help='custom Ray resources per rank, e.g. \'{"node_a": 0.1}\' to pin the ranks',
+    )  # fmt: skip
+    rg.add_argument(
+        "--ray-tcp", action="store_true",
+        help="also serve the steps at --tcp for ranks Ray places on other hosts "
+        "(--insecure: this example does not hand CURVE keys to Ray ranks)",
+    )  # fmt: skip
+
     sub = ap.add_subparsers(dest="command", metavar="{rank}")
     r = sub.add_parser(
         "rank",
@@ -100,8 +124,24 @@ def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
     from pipeline.app import RingwireBackend, make_app, serve_http
     from pipeline.workers import remote_config
 
-    remote = None
-    if args.remote_ranks:
+    remote, ray = None, None
+    if args.ray:
+        if args.remote_ranks:
+            ap.error("--ray places every rank: it does not take --remote-ranks")
+        ray = {"options": {"num_cpus": 0, "num_gpus": args.ray_gpus}}
+        if args.ray_resources:
+            ray["options"]["resources"] = args.ray_resources
+        if args.ray_tcp:
+            try:
+                remote = remote_config(
+                    args.ranks, args.ranks, args.tcp, insecure=args.insecure,
+                    join_timeout=args.join_timeout,
+                )  # fmt: skip
+            except (ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
+                ap.error(f"{exc} (--ray-tcp: a 127.0.0.1 address or --insecure)")
+    elif args.ray_tcp or args.ray_resources or args.ray_gpus:
+        ap.error("--ray-tcp, --ray-resources and --ray-gpus are for --ray")
+    elif args.remote_ranks:
         try:
             remote = remote_config(
                 args.remote_ranks, args.ranks, args.tcp, key_secret=args.key_secret,
@@ -110,7 +150,7 @@ def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
         except (ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
             hint = f" ({KEYS_HINT})" if "refusing to listen" in str(exc) else ""
             ap.error(f"{exc}{hint}")
-    elif args.key_secret or args.clients or args.insecure:
+    elif (args.key_secret or args.clients or args.insecure) and not args.ray:
         ap.error("--key-secret, --clients and --insecure are for --remote-ranks")
     if args.worker_metrics_port is not None and not 0 <= args.worker_metrics_port <= 65535 - 10:
         ap.error(f"--worker-metrics-port must be from 0 to 65525, not {args.worker_metrics_port}")
@@ -118,7 +158,7 @@ def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
     metrics = None
     if args.worker_metrics_port is not None:
         metrics = {"host": args.host, "port": args.worker_metrics_port}
-    backend = RingwireBackend(args.ranks, remote=remote, trace=trace, metrics=metrics)
+    backend = RingwireBackend(args.ranks, remote=remote, trace=trace, metrics=metrics, ray=ray)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

@@ -87,6 +87,7 @@ class RingwireBackend:
         remote: dict[str, Any] | None = None,
         trace: dict[str, Any] | None = None,
         metrics: dict[str, Any] | None = None,
+        ray: dict[str, Any] | None = None,
     ) -> None:
         if not 1 <= ranks <= 8:
             raise ValueError(f"ranks must be from 1 to 8, not {ranks!r}")
@@ -94,6 +95,7 @@ class RingwireBackend:
         self.remote = remote
         self.trace = trace
         self.metrics = metrics
+        self.ray = ray  # {"options": ray_options}: the ranks are Ray actors
         self._dir: str | None = None
         self._drain_timeout = drain_timeout
         self.topology: Any = None
@@ -105,7 +107,7 @@ class RingwireBackend:
         with tempfile.TemporaryDirectory(prefix="rw-pipeline-") as d:
             topo = workers.topology(
                 d, self.ranks, self.remote, trace=self.trace, metrics=self.metrics,
-                drain_timeout=self._drain_timeout,
+                drain_timeout=self._drain_timeout, ray=self.ray,
             )  # fmt: skip
             async with topo:
                 self.topology, self._dir = topo, d

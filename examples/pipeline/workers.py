@@ -63,6 +63,7 @@ __all__ = [
     "paths",
     "rank",
     "remote_config",
+    "ray_rank",
     "remote_rank",
     "results_address",
     "scheduler",
@@ -395,6 +396,37 @@ async def _rank(ctx: runtime.WorkerContext) -> None:
             await _compute(sub, out, me, ranks)
 
 
+def _boot_id() -> str:
+    """This kernel's boot id: two processes with the same one share memory and sockets."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+async def ray_rank(ctx: runtime.WorkerContext) -> None:
+    """A rank placed by Ray (``topology(..., ray=...)``, ``--ray``): on the front's host
+    (the same kernel boot id) it is a local rank -- the broadcast's steps through shared
+    memory; on another host it subscribes over TCP to the scheduler's ``--tcp`` address,
+    exactly as :func:`remote_rank`.  Raises ``RuntimeError`` when placed elsewhere and
+    the server serves no TCP (or has CURVE keys: not handed to Ray ranks by this example)."""
+    if ctx.options["boot_id"] == _boot_id():
+        return await rank(ctx)
+    remote: dict[str, Any] = ctx.options.get("remote") or {}
+    me, ranks = int(ctx.options["rank"]), int(ctx.options["ranks"])
+    if not remote or remote.get("key_secret"):
+        why = "with CURVE keys (not handed to Ray ranks yet)" if remote else "without --tcp"
+        raise RuntimeError(
+            f"rank {me}: Ray placed it on another host ({os.uname().nodename}) and the server "
+            f"runs {why}: give --tcp tcp://HOST:PORT --insecure (a network you trust), or "
+            "pin the ranks to the front's node with --ray-resources"
+        )
+    await remote_rank(
+        remote["steps"], rank=me, ranks=ranks, results=remote["results"], on_joined=ctx.ready
+    )
+
+
 def results_address(steps: str) -> str:
     """The scheduler's TCP results listener beside its broadcast at ``steps``: the next
     port (``tcp://host:0`` -- any free port -- stays 0)."""
@@ -479,6 +511,7 @@ def topology(
     *,
     trace: dict[str, Any] | None = None,
     metrics: dict[str, Any] | None = None,
+    ray: dict[str, Any] | None = None,
     **options: Any,
 ) -> runtime.Topology:
     """The pipeline's workers: tokenizer, scheduler and ``ranks`` ranks (their sockets
@@ -488,7 +521,11 @@ def topology(
     another host (:func:`remote_rank`).  ``trace``: how every worker exports its spans
     (:func:`pipeline.observe.trace_choice`; ``None``: not at all); ``metrics``:
     ``{"host": HOST, "port": PORT}`` -- each worker serves its endpoints' metrics at
-    PORT + its index (tokenizer 0, scheduler 1, rank R 2 + R; PORT 0: any free port)."""
+    PORT + its index (tokenizer 0, scheduler 1, rank R 2 + R; PORT 0: any free port).
+    ``ray``: ``{"options": RAY_OPTIONS}`` -- every rank is a Ray actor
+    (:class:`ringwire.runtime.RayWorker`, :func:`ray_rank`), placed by Ray with those
+    ``ray_options``; ``remote`` then only says where ranks on other hosts subscribe
+    (``"transport": "tcp"`` sends every rank there, as if all were on other hosts)."""
     if not 1 <= ranks <= 8:
         raise ValueError(f"ranks must be from 1 to 8, not {ranks!r}")
     local = ranks - (int(remote["ranks"]) if remote else 0)
@@ -518,8 +555,18 @@ def topology(
             options={**common, **serving(2 + r), "rank": r}, slots=None,
             capacity=64 << 10, ready="explicit",
         )
-        for r in range(local)
+        for r in range(local if ray is None else 0)
     ]  # fmt: skip
+    if ray is not None:
+        workers += [
+            runtime.RayWorker(
+                f"rank-{r}", "pipeline.workers:ray_rank", ray_options=ray.get("options"),
+                options={**common, **serving(2 + r), "rank": r, "remote": remote,
+                         "boot_id": _boot_id() if ray.get("transport") != "tcp" else "tcp"},
+                slots=None, capacity=64 << 10, ready="explicit",
+            )
+            for r in range(ranks)
+        ]  # fmt: skip
     if remote:  # the remote ranks may take a while to be started on their host
         options.setdefault("ready_timeout", float(remote["join_timeout"]) + START_TIMEOUT)
     return runtime.Topology(workers, slots=None, **options)
