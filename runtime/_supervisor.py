@@ -369,10 +369,8 @@ class Topology(RaySupervision):
     async def _supervise(self, w: WorkerState) -> None:
         try:
             while True:
-                if w.ray:
-                    ex = await self._ray_incarnation(w)
-                else:
-                    ex = await (self._joined_incarnation(w) if w.remote else self._incarnation(w))
+                run = self._incarnation if not (w.ray or w.remote) else self._joined_incarnation
+                ex = await (self._ray_incarnation(w) if w.ray else run(w))
                 if ex is None or ex.expected or self._stop_started or self._state == "starting":
                     break
                 policy = w.spec.policy
