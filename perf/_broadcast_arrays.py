@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from perf._common import format_table, format_targets, machine_info
+from perf._common import format_table, format_targets, machine_info, started_peers
 
 clock = time.perf_counter_ns
 SPAWN = mp.get_context("spawn")
@@ -225,27 +225,8 @@ def _peers(tmp: str, n: int, only: set[str] | None) -> Iterator[list[Peer]]:
         ("vllm", lambda: peer_vllm_real(tmp, n)),
         ("vllm-scheme", lambda: peer_vllm_scheme(tmp, n)),
     ]
-    peers: list[Peer] = []
-    try:
-        for key, make in makers:
-            if only and key not in only:
-                continue
-            try:
-                peers.append(make())
-            except ImportError as exc:
-                print(f"skipped {key}: {exc}", file=sys.stderr)
+    with started_peers(makers, only, close_first=False) as peers:
         yield peers
-    finally:
-        for p in peers:
-            for c in p.ctrls:
-                with contextlib.suppress(Exception):
-                    c.send(("stop",))
-            for proc in p.procs:
-                proc.join(10)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-            p.close()
 
 
 def run_round(peer: Peer, steps: int, warmup: int, rng: random.Random) -> int:

@@ -23,14 +23,16 @@ aligned columns, readable both in a terminal and when pasted into a README.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import math
 import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -347,3 +349,38 @@ async def interleaved_async(
         finally:
             gc.enable()
     return samples
+
+
+@contextlib.contextmanager
+def started_peers(
+    makers: Sequence[tuple[str, Callable[[], Any]]], only: set[str] | None, *, close_first: bool
+) -> Iterator[list[Any]]:
+    """The peers of ``makers`` (``(key, make)``; only those in ``only`` if given; one whose
+    package is missing is skipped with a line on stderr), each with ``ctrls`` (pipes to
+    its reader processes), ``procs`` and ``close()``; at the end each reader is told
+    ``("stop",)`` and joined (killed after 10 s), the peer closed before the joins if
+    ``close_first`` (its readers end when it closes), else after them."""
+    peers: list[Any] = []
+    try:
+        for key, make in makers:
+            if only and key not in only:
+                continue
+            try:
+                peers.append(make())
+            except ImportError as exc:
+                print(f"skipped {key}: {exc}", file=sys.stderr)
+        yield peers
+    finally:
+        for p in peers:
+            for c in p.ctrls:
+                with contextlib.suppress(Exception):
+                    c.send(("stop",))
+            if close_first:
+                p.close()
+            for proc in p.procs:
+                proc.join(10)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+            if not close_first:
+                p.close()

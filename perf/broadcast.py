@@ -65,7 +65,7 @@ if __package__ in (None, ""):  # run as a script: make `perf` importable
 
 import msgspec
 
-from perf._common import format_table, format_targets, machine_info
+from perf._common import format_table, format_targets, machine_info, started_peers
 
 clock = time.perf_counter_ns
 SPAWN = mp.get_context("spawn")
@@ -430,27 +430,8 @@ def _peers(tmp: str, n: int, only: set[str] | None) -> Iterator[list[Peer]]:
         ("vllm", lambda: peer_vllm(tmp, n)),
         ("vllm-real", lambda: peer_vllm_real(tmp, n)),
     ]
-    peers: list[Peer] = []
-    try:
-        for key, make in makers:
-            if only and key not in only:
-                continue
-            try:
-                peers.append(make())
-            except ImportError as exc:
-                print(f"skipped {key}: {exc}", file=sys.stderr)
+    with started_peers(makers, only, close_first=True) as peers:
         yield peers
-    finally:
-        for p in peers:
-            for c in p.ctrls:
-                with contextlib.suppress(Exception):
-                    c.send(("stop",))
-            p.close()
-            for proc in p.procs:
-                proc.join(10)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
 
 
 def main(argv: list[str] | None = None) -> int:
