@@ -11,8 +11,9 @@ runs rank R (see examples/README.md: keys, two machines, two network namespaces)
 
 With ``--ray`` every rank is a Ray actor (``runtime.RayWorker``) placed by the Ray
 cluster ``ray.init()`` finds: the shape of vLLM's Ray executor.  Ranks on this host read
-the scheduler's broadcast through shared memory; with ``--ray-tcp`` (and ``--insecure``
-or a 127.0.0.1 ``--tcp``) ranks Ray places on other hosts subscribe over TCP.
+the scheduler's broadcast through shared memory; with ``--ray-tcp`` ranks Ray places on
+other hosts subscribe over TCP, with CURVE keys made for the run and handed to them
+through Ray (``--insecure``: none).
 
 Observability (see examples/README.md, pipeline.observe): with the OpenTelemetry SDK
 installed every HTTP request is one trace across all processes, printed by the console
@@ -27,6 +28,7 @@ import argparse
 import json
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     rg.add_argument(
         "--ray-tcp", action="store_true",
-        help="also serve the steps at --tcp for ranks Ray places on other hosts "
-        "(--insecure: this example does not hand CURVE keys to Ray ranks)",
+        help="also serve the steps at --tcp for ranks Ray places on other hosts, with "
+        "CURVE keys made for the run and handed to the ranks through Ray (--insecure: none)",
     )  # fmt: skip
 
     sub = ap.add_subparsers(dest="command", metavar="{rank}")
@@ -124,6 +126,7 @@ def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
     from pipeline.app import RingwireBackend, make_app, serve_http
     from pipeline.workers import remote_config
 
+    keys_dir: tempfile.TemporaryDirectory[str] | None = None  # --ray-tcp's CURVE keys
     remote, ray = None, None
     if args.ray:
         if args.remote_ranks:
@@ -132,13 +135,21 @@ def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
         if args.ray_resources:
             ray["options"]["resources"] = args.ray_resources
         if args.ray_tcp:
+            keyed: dict[str, Any] = {}
+            if not args.insecure:  # CURVE keys made for this run, handed to the Ray ranks
+                from pipeline.workers import ray_rank_keys
+
+                keys_dir = tempfile.TemporaryDirectory(prefix="pipeline-ray-keys-")
+                keyed, ray["keys"] = ray_rank_keys(keys_dir.name)
             try:
                 remote = remote_config(
                     args.ranks, args.ranks, args.tcp, insecure=args.insecure,
-                    join_timeout=args.join_timeout,
+                    join_timeout=args.join_timeout, **keyed,
                 )  # fmt: skip
             except (ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
-                ap.error(f"{exc} (--ray-tcp: a 127.0.0.1 address or --insecure)")
+                if keys_dir is not None:
+                    keys_dir.cleanup()
+                ap.error(f"{exc} (--ray-tcp: a tcp://HOST:PORT address)")
     elif args.ray_tcp or args.ray_resources or args.ray_gpus:
         ap.error("--ray-tcp, --ray-resources and --ray-gpus are for --ray")
     elif args.remote_ranks:
@@ -177,6 +188,8 @@ def _serve(ap: argparse.ArgumentParser, args: Any) -> None:
             pass
         finally:
             stop_tracing()
+            if keys_dir is not None:
+                keys_dir.cleanup()
 
 
 def _rank(ap: argparse.ArgumentParser, args: Any) -> int:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -64,6 +65,7 @@ __all__ = [
     "rank",
     "remote_config",
     "ray_rank",
+    "ray_rank_keys",
     "remote_rank",
     "results_address",
     "scheduler",
@@ -409,22 +411,61 @@ async def ray_rank(ctx: runtime.WorkerContext) -> None:
     """A rank placed by Ray (``topology(..., ray=...)``, ``--ray``): on the front's host
     (the same kernel boot id) it is a local rank -- the broadcast's steps through shared
     memory; on another host it subscribes over TCP to the scheduler's ``--tcp`` address,
-    exactly as :func:`remote_rank`.  Raises ``RuntimeError`` when placed elsewhere and
-    the server serves no TCP (or has CURVE keys: not handed to Ray ranks by this example)."""
+    exactly as :func:`remote_rank`, with the CURVE keys the front handed it
+    (:func:`ray_rank_keys`).  Raises ``RuntimeError`` when placed elsewhere and the
+    server serves no TCP, or has keys it was not handed."""
     if ctx.options["boot_id"] == _boot_id():
         return await rank(ctx)
     remote: dict[str, Any] = ctx.options.get("remote") or {}
     me, ranks = int(ctx.options["rank"]), int(ctx.options["ranks"])
-    if not remote or remote.get("key_secret"):
-        why = "with CURVE keys (not handed to Ray ranks yet)" if remote else "without --tcp"
+    handed = ctx.options.get("keys")
+    if not remote or (remote.get("key_secret") and not handed):
+        why = "with CURVE keys it was not handed" if remote else "without --tcp"
         raise RuntimeError(
             f"rank {me}: Ray placed it on another host ({os.uname().nodename}) and the server "
-            f"runs {why}: give --tcp tcp://HOST:PORT --insecure (a network you trust), or "
+            f"runs {why}: give --tcp tcp://HOST:PORT (--ray-tcp hands the ranks keys), or "
             "pin the ranks to the front's node with --ray-resources"
         )
-    await remote_rank(
-        remote["steps"], rank=me, ranks=ranks, results=remote["results"], on_joined=ctx.ready
-    )
+    with tempfile.TemporaryDirectory(prefix="pipeline-rank-keys-") as tmp:
+        keys = None
+        if remote.get("key_secret"):  # written 0600, read back by ClientKeys
+            paths = {}
+            for name in ("secret", "server"):
+                paths[name] = os.path.join(tmp, name)
+                fd = os.open(paths[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(handed[name])
+            keys = ringwire.ClientKeys(secret=paths["secret"], server=paths["server"])
+        await remote_rank(
+            remote["steps"], rank=me, ranks=ranks, results=remote["results"], keys=keys,
+            on_joined=ctx.ready,
+        )  # fmt: skip
+
+
+def ray_rank_keys(directory: str) -> tuple[dict[str, str], dict[str, bytes]]:
+    """CURVE keys for the ranks Ray places on other hosts, made in ``directory`` (a
+    private one, kept while the server runs): the server's pair and one pair for the
+    ranks (its public half in ``directory/clients``).  Returns the
+    :func:`remote_config` keyword arguments (``key_secret``, ``clients``) and what each
+    Ray rank is handed (``{"secret": ..., "server": ...}``: the files' bytes).  The
+    ranks' secret travels in the actor's arguments, through Ray's own control plane:
+    TCP is then as private as the Ray cluster."""
+    import shutil
+
+    import zmq.auth
+
+    clients = os.path.join(directory, "clients")
+    os.makedirs(clients, mode=0o700)
+    for name in ("server", "ranks"):  # (in a 0700 directory: nobody else reads the secret)
+        zmq.auth.create_certificates(directory, name)
+        os.chmod(os.path.join(directory, f"{name}.key_secret"), 0o600)
+    shutil.copy(os.path.join(directory, "ranks.key"), clients)
+    with open(os.path.join(directory, "ranks.key_secret"), "rb") as f:
+        secret = f.read()
+    with open(os.path.join(directory, "server.key"), "rb") as f:
+        server = f.read()
+    config = {"key_secret": os.path.join(directory, "server.key_secret"), "clients": clients}
+    return config, {"secret": secret, "server": server}
 
 
 def results_address(steps: str) -> str:
@@ -562,7 +603,8 @@ def topology(
             runtime.RayWorker(
                 f"rank-{r}", "pipeline.workers:ray_rank", ray_options=ray.get("options"),
                 options={**common, **serving(2 + r), "rank": r, "remote": remote,
-                         "boot_id": _boot_id() if ray.get("transport") != "tcp" else "tcp"},
+                         "boot_id": _boot_id() if ray.get("transport") != "tcp" else "tcp",
+                         "keys": ray.get("keys")},
                 slots=None, capacity=64 << 10, ready="explicit",
             )
             for r in range(ranks)

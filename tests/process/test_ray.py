@@ -308,23 +308,25 @@ async def test_chaos_kills_of_ray_workers_while_serving(cluster: Any) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 async def test_the_pipeline_with_ranks_placed_by_ray(
-    cluster: Any, monkeypatch: pytest.MonkeyPatch, transport: str
+    cluster: Any, monkeypatch: pytest.MonkeyPatch, transport: str, tmp_path: Path
 ) -> None:
     """examples/pipeline --ray: every rank a Ray actor; on the front's host the steps
     arrive through shared memory, as on other hosts over TCP (``--ray-tcp``: forced
-    here); the answers are exact."""
+    here, with the CURVE keys the front makes and hands the ranks through Ray); the
+    answers are exact."""
     pytest.importorskip("torch")
     monkeypatch.syspath_prepend(str(TESTS.parent / "examples"))
     from pipeline import stages
     from pipeline.app import RingwireBackend
-    from pipeline.workers import remote_config
+    from pipeline.workers import ray_rank_keys, remote_config
     from support.net import free_url
 
     remote = None
+    ray_: dict[str, Any] = {"options": NODE_B, "transport": transport}
     if transport == "tcp":
         steps, results = free_url(), free_url()
-        remote = remote_config(2, 2, steps, results=results)
-    ray_ = {"options": NODE_B, "transport": transport}
+        keyed, ray_["keys"] = ray_rank_keys(str(tmp_path))
+        remote = remote_config(2, 2, steps, results=results, **keyed)
     backend = RingwireBackend(2, ray=ray_, remote=remote)
     async with backend.running():
         body = {"prompt": "a ✓", "images": 2, "seed": 7, "dtype": "float32", "size": 224}
