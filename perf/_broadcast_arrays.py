@@ -37,7 +37,6 @@ After a vLLM round the run pauses past its readers' 1 s busy loop.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -50,10 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from perf._common import format_table, format_targets, machine_info, started_peers
+from perf._common import (
+    await_ready,
+    format_table,
+    format_targets,
+    machine_info,
+    spawn_readers,
+    started_peers,
+)
 
 clock = time.perf_counter_ns
-SPAWN = mp.get_context("spawn")
 ELEMS = 600_000  # float32: 2.4 MB
 BASE = (np.arange(ELEMS, dtype=np.int64) % 1000).astype(np.float32)
 SAMPLE = slice(0, None, 997)
@@ -133,32 +138,13 @@ class Peer:
     first: list[int] = field(default_factory=list)  # per step, fastest reader, ns
 
 
-def _start(target: Callable[..., None], args: list[tuple[Any, ...]]) -> tuple[list[Any], list[Any]]:
-    ctrls, procs = [], []
-    for a in args:
-        mine, theirs = SPAWN.Pipe()
-        p = SPAWN.Process(target=target, args=(theirs, *a), daemon=True)
-        p.start()
-        theirs.close()
-        ctrls.append(mine)
-        procs.append(p)
-    return ctrls, procs
-
-
-def _await_ready(ctrls: list[Any], timeout: float = 120) -> None:
-    for c in ctrls:
-        if not c.poll(timeout):
-            raise RuntimeError("a reader did not start")
-        assert c.recv()[0] == "ready"
-
-
 def peer_ringwire(tmp: str, n: int, loan: bool, spin_us: float | None, label: str) -> Peer:
     import ringwire
 
     path = os.path.join(tmp, f"b{len(os.listdir(tmp))}.sock")
     bc = ringwire.broadcast_sync(path, readers=n)
-    ctrls, procs = _start(reader_ringwire, [(path, spin_us)] * n)
-    _await_ready(ctrls)
+    ctrls, procs = spawn_readers(reader_ringwire, [(path, spin_us)] * n)
+    await_ready(ctrls, 120)
     bc.wait_ready(n, timeout=60)
     private = np.empty(ELEMS, np.float32)
 
@@ -175,9 +161,9 @@ def peer_vllm_real(tmp: str, n: int) -> Peer:
 
     mq_cls = load_message_queue(tmp)
     mq = mq_cls(n, n)
-    ctrls, procs = _start(reader_vllm_real, [(handle_fields(mq), r, tmp) for r in range(n)])
+    ctrls, procs = spawn_readers(reader_vllm_real, [(handle_fields(mq), r, tmp) for r in range(n)])
     mq.wait_until_ready()
-    _await_ready(ctrls)
+    await_ready(ctrls, 120)
     private = np.empty(ELEMS, np.float32)
 
     def step(k: int) -> None:
@@ -198,8 +184,8 @@ def peer_vllm_scheme(tmp: str, n: int) -> Peer:
     from perf._vllm_mq import MQWriter
 
     mq = MQWriter(n, f"ipc://{tmp}/notify.ipc", max_chunk_bytes=4 << 20)
-    ctrls, procs = _start(reader_vllm_scheme, [(mq.handle(), r) for r in range(n)])
-    _await_ready(ctrls)
+    ctrls, procs = spawn_readers(reader_vllm_scheme, [(mq.handle(), r) for r in range(n)])
+    await_ready(ctrls, 120)
     time.sleep(0.5)  # PUB/SUB's slow joiner
     private = np.empty(ELEMS, np.float32)
     raw = private.view(np.uint8).data

@@ -384,3 +384,31 @@ def started_peers(
                     proc.join()
             if not close_first:
                 p.close()
+
+
+def spawn_readers(
+    target: Callable[..., None], args_per_reader: Sequence[tuple[Any, ...]]
+) -> tuple[list[Any], list[Any]]:
+    """One spawned daemon process per argument tuple, ``target(pipe, *args)``: the
+    benchmark's ends of their control pipes and the processes."""
+    import multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    ctrls, procs = [], []
+    for args in args_per_reader:
+        mine, theirs = spawn.Pipe()
+        p = spawn.Process(target=target, args=(theirs, *args), daemon=True)
+        p.start()
+        theirs.close()
+        ctrls.append(mine)
+        procs.append(p)
+    return ctrls, procs
+
+
+def await_ready(ctrls: Sequence[Any], timeout: float) -> None:
+    """Wait for every reader's ``("ready", ...)``; ``RuntimeError`` after ``timeout``
+    seconds without one."""
+    for c in ctrls:
+        if not c.poll(timeout):
+            raise RuntimeError("a reader did not start")
+        assert c.recv()[0] == "ready"

@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import gc
 import json
-import multiprocessing as mp
 import os
 import random
 import resource
@@ -65,10 +64,16 @@ if __package__ in (None, ""):  # run as a script: make `perf` importable
 
 import msgspec
 
-from perf._common import format_table, format_targets, machine_info, started_peers
+from perf._common import (
+    await_ready,
+    format_table,
+    format_targets,
+    machine_info,
+    spawn_readers,
+    started_peers,
+)
 
 clock = time.perf_counter_ns
-SPAWN = mp.get_context("spawn")
 T_VS_RT_HALF = 1.3  # the targets
 T_CPU_PCT = 2.0
 
@@ -196,34 +201,13 @@ class Peer:
     cpu: list[float] = field(default_factory=list)  # % of a core, per reader
 
 
-def _start(
-    target: Callable[..., None], args_per_reader: list[tuple[Any, ...]]
-) -> tuple[list[Any], list[Any]]:
-    ctrls, procs = [], []
-    for args in args_per_reader:
-        mine, theirs = SPAWN.Pipe()
-        p = SPAWN.Process(target=target, args=(theirs, *args), daemon=True)
-        p.start()
-        theirs.close()
-        ctrls.append(mine)
-        procs.append(p)
-    return ctrls, procs
-
-
-def _await_ready(ctrls: list[Any], timeout: float = 60) -> None:
-    for c in ctrls:
-        if not c.poll(timeout):
-            raise RuntimeError("a reader did not start")
-        assert c.recv()[0] == "ready"
-
-
 def peer_broadcast(tmp: str, n: int, spin_us: float, label: str) -> Peer:
     import ringwire
 
     path = os.path.join(tmp, f"b{int(spin_us)}.sock")
     bc = ringwire.broadcast_sync(path, readers=n, slots=None)
-    ctrls, procs = _start(reader_ringwire, [(path, spin_us)] * n)
-    _await_ready(ctrls)
+    ctrls, procs = spawn_readers(reader_ringwire, [(path, spin_us)] * n)
+    await_ready(ctrls, 60)
     bc.wait_ready(n, timeout=60)
 
     def send(payload: bytes, rec: Step) -> None:
@@ -236,9 +220,9 @@ def peer_channels(n: int, label: str | None = None) -> Peer:
     import ringwire
 
     ends = [ringwire.pair() for _ in range(n)]
-    ctrls, procs = _start(reader_pair, [(b, False) for _, b in ends])
+    ctrls, procs = spawn_readers(reader_pair, [(b, False) for _, b in ends])
     chans = [a.connect_sync(type=Step, slots=None) for a, _ in ends]
-    _await_ready(ctrls)
+    await_ready(ctrls, 60)
 
     def send(payload: bytes, rec: Step) -> None:
         for ch in chans:
@@ -261,8 +245,8 @@ def peer_zmq(tmp: str, n: int) -> Peer:
     pub.setsockopt(zmq.LINGER, 0)
     pub.setsockopt(zmq.SNDHWM, 0)
     pub.bind(addr)
-    ctrls, procs = _start(reader_zmq, [(addr,)] * n)
-    _await_ready(ctrls)
+    ctrls, procs = spawn_readers(reader_zmq, [(addr,)] * n)
+    await_ready(ctrls, 60)
     time.sleep(0.5)  # PUB/SUB's slow joiner: subscriptions reach the publisher
 
     def close() -> None:
@@ -276,8 +260,8 @@ def peer_vllm(tmp: str, n: int) -> Peer:
     from perf._vllm_mq import MQWriter
 
     mq = MQWriter(n, f"ipc://{tmp}/notify.ipc")
-    ctrls, procs = _start(reader_vllm, [(mq.handle(), r) for r in range(n)])
-    _await_ready(ctrls)
+    ctrls, procs = spawn_readers(reader_vllm, [(mq.handle(), r) for r in range(n)])
+    await_ready(ctrls, 60)
     time.sleep(0.5)
     return Peer(
         "vLLM MessageQueue scheme (re-implemented)",
@@ -293,9 +277,9 @@ def peer_vllm_real(tmp: str, n: int) -> Peer:
     from perf.peers.vllm_shm import handle_fields, load_message_queue
 
     mq = load_message_queue(tmp)(n, n)
-    ctrls, procs = _start(reader_vllm_real, [(handle_fields(mq), r, tmp) for r in range(n)])
+    ctrls, procs = spawn_readers(reader_vllm_real, [(handle_fields(mq), r, tmp) for r in range(n)])
     mq.wait_until_ready()
-    _await_ready(ctrls)
+    await_ready(ctrls, 60)
 
     def close() -> None:
         nonlocal mq
@@ -382,11 +366,11 @@ def rt_half(tmp: str, cfg: Config, rng: random.Random) -> list[int]:
     import ringwire
 
     a, b = ringwire.pair()
-    ctrls, procs = _start(reader_pair, [(b, True)])
+    ctrls, procs = spawn_readers(reader_pair, [(b, True)])
     out: list[int] = []
     try:
         with a.connect_sync(type=Step, spin_us=0, slots=None) as ch:
-            _await_ready(ctrls)
+            await_ready(ctrls, 60)
             for _ in range(cfg.rounds):
                 for k in range(cfg.warmup + cfg.steps):
                     t0 = clock()
