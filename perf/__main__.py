@@ -23,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -89,7 +91,10 @@ class _Runner:
         self.name = name
         self.last_line = ""
         self._log = log.open("w", encoding="utf-8")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # the benchmark's temporary files (socket directories, ...) go in a directory of
+        # its own, removed when it ends: a benchmark killed at its timeout cannot clean up
+        self.tmp = tempfile.mkdtemp(prefix="rwperf-run-")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=self.tmp)
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -136,6 +141,7 @@ class _Runner:
     def finish(self) -> None:
         self._t.join(5)
         self._log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _run_all(args: argparse.Namespace, out: Path, names: list[str]) -> dict[str, Any]:
