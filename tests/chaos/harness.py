@@ -845,6 +845,14 @@ async def handshake_round(h: Harness, v: Victim, r: Round, rng: random.Random, m
 # -- the victim reads a broadcast: the survivor writes it -----------------------------------
 
 
+def broadcast_send(bc: Any, sync: bool) -> Callable[[Any], Awaitable[Any]]:
+    """``bc.send`` as a coroutine function: a blocking broadcaster's in a worker thread,
+    with the HANG_S timeout."""
+    if sync:
+        return lambda rec: anyio.to_thread.run_sync(bc.send, rec, HANG_S)
+    return bc.send  # type: ignore[no-any-return]
+
+
 async def broadcast_round(h: Harness, v: Victim, r: Round, rng: random.Random, mode: str) -> None:
     """Kill a broadcast reader: while it streams (policy "drop": the writer goes on;
     "fail": its next send raises) or while it holds slots the writer waits for."""
@@ -867,11 +875,7 @@ async def broadcast_round(h: Harness, v: Victim, r: Round, rng: random.Random, m
     )
     sent, stop, broken_at = 0, False, []
 
-    async def send(rec: Any) -> None:
-        if sync:
-            await anyio.to_thread.run_sync(bc.send, rec, HANG_S)
-        else:
-            await bc.send(rec)
+    send = broadcast_send(bc, sync)
 
     async def produce() -> None:
         nonlocal sent
@@ -1045,11 +1049,7 @@ async def _remote_broadcast_round(
     async def call(fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args) if sync else fn(*args)
 
-    async def send(rec: Any) -> None:
-        if sync:
-            await anyio.to_thread.run_sync(bc.send, rec, HANG_S)
-        else:
-            await bc.send(rec)
+    send = broadcast_send(bc, sync)
 
     async def produce() -> None:
         nonlocal sent
