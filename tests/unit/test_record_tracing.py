@@ -205,6 +205,23 @@ async def test_a_record_sent_under_a_span_carries_it_on_a_pair(spans: None) -> N
         assert ca.statistics().slots_in_use >= 0
 
 
+async def ten_undecodable_then_one(sender: Channel, receiver: Channel) -> Any:
+    """Ten traced records with an array each that ``receiver`` cannot decode (each a
+    DecodeError), then one it can (checked); the span the last was sent under."""
+    with anyio.fail_after(20):
+        for i in range(10):
+            with tracer.start_as_current_span("send"):
+                await sender.send({"a": np.full(8192, i, dtype=np.int64)})
+            with pytest.raises(DecodeError):
+                await receiver.receive(type=int)
+        with tracer.start_as_current_span("send") as span:
+            await sender.send({"a": np.full(8192, 10, dtype=np.int64)})
+        got = await receiver.receive()
+        assert (got["a"] == 10).all()
+        del got  # (its slot view, before the channels close)
+    return span
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("receiver_traces", [True, False])
 async def test_an_undecodable_traced_record_releases_its_slots(
@@ -217,20 +234,10 @@ async def test_an_undecodable_traced_record_releases_its_slots(
     async with ca, cb:
         ringwire.trace_records(ca)
         ringwire.trace_records(cb, enabled=receiver_traces)
-        with anyio.fail_after(20):
-            for i in range(10):
-                with tracer.start_as_current_span("send"):
-                    await ca.send({"a": np.full(8192, i, dtype=np.int64)})
-                with pytest.raises(DecodeError):
-                    await cb.receive(type=int)
-            with tracer.start_as_current_span("send") as span:
-                await ca.send({"a": np.full(8192, 10, dtype=np.int64)})
-            got = await cb.receive()
-            assert (got["a"] == 10).all()
-            del got
-            assert ringwire.received_trace() == (
-                {"traceparent": header_of(span)} if receiver_traces else None
-            )
+        span = await ten_undecodable_then_one(ca, cb)
+        assert ringwire.received_trace() == (
+            {"traceparent": header_of(span)} if receiver_traces else None
+        )
 
 
 @pytest.mark.anyio
@@ -247,18 +254,8 @@ async def test_an_undecodable_traced_record_releases_its_buffers_over_tcp(
             ringwire.trace_records(c)
             conn = await lst.accept()
             ringwire.trace_records(conn)
-            with anyio.fail_after(20):
-                for i in range(10):
-                    with tracer.start_as_current_span("send"):
-                        await c.send({"a": np.full(8192, i, dtype=np.int64)})
-                    with pytest.raises(DecodeError):
-                        await conn.receive(type=int)
-                with tracer.start_as_current_span("send") as span:
-                    await c.send({"a": np.full(8192, 10, dtype=np.int64)})
-                got = await conn.receive()
-                assert (got["a"] == 10).all()
-                del got
-                assert ringwire.received_trace() == {"traceparent": header_of(span)}
+            span = await ten_undecodable_then_one(c, conn)
+            assert ringwire.received_trace() == {"traceparent": header_of(span)}
             await conn.aclose()
 
 
