@@ -353,13 +353,18 @@ async def interleaved_async(
 
 @contextlib.contextmanager
 def started_peers(
-    makers: Sequence[tuple[str, Callable[[], Any]]], only: set[str] | None, *, close_first: bool
+    makers: Sequence[tuple[str, Callable[[], Any]]],
+    only: set[str] | None,
+    *,
+    close_first: bool,
+    skipped: dict[str, str] | None = None,
 ) -> Iterator[list[Any]]:
     """The peers of ``makers`` (``(key, make)``; only those in ``only`` if given; one whose
-    package is missing is skipped with a line on stderr), each with ``ctrls`` (pipes to
-    its reader processes), ``procs`` and ``close()``; at the end each reader is told
-    ``("stop",)`` and joined (killed after 10 s), the peer closed before the joins if
-    ``close_first`` (its readers end when it closes), else after them."""
+    package is missing is skipped with a line on stderr, and its reason kept in
+    ``skipped``), each with ``ctrls`` (pipes to its reader processes), ``procs`` and
+    ``close()``; at the end each reader is told ``("stop",)`` and reaped (:func:`reap`),
+    the peer closed before that if ``close_first`` (its readers end when it closes),
+    else after; a peer whose close fails is reported and the others still cleaned up."""
     peers: list[Any] = []
     try:
         for key, make in makers:
@@ -368,6 +373,8 @@ def started_peers(
             try:
                 peers.append(make())
             except ImportError as exc:
+                if skipped is not None:
+                    skipped[key] = str(exc)
                 print(f"skipped {key}: {exc}", file=sys.stderr)
         yield peers
     finally:
@@ -375,33 +382,53 @@ def started_peers(
             for c in p.ctrls:
                 with contextlib.suppress(Exception):
                     c.send(("stop",))
-            if close_first:
-                p.close()
-            for proc in p.procs:
-                proc.join(10)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
+            try:
+                if close_first:
+                    _close(p)
+            finally:
+                reap(p.procs)
             if not close_first:
-                p.close()
+                _close(p)
+
+
+def _close(peer: Any) -> None:
+    try:
+        peer.close()
+    except Exception as exc:  # noqa: BLE001 - report it, clean up the others
+        print(f"closing {peer.name}: {exc!r}", file=sys.stderr)
+
+
+def reap(procs: Sequence[Any], wait: float = 10.0) -> None:
+    """Join each process, killing one still alive after ``wait`` seconds."""
+    for p in procs:
+        p.join(wait)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def spawn_readers(
     target: Callable[..., None], args_per_reader: Sequence[tuple[Any, ...]]
 ) -> tuple[list[Any], list[Any]]:
     """One spawned daemon process per argument tuple, ``target(pipe, *args)``: the
-    benchmark's ends of their control pipes and the processes."""
+    benchmark's ends of their control pipes and the processes (those started already
+    are reaped if one fails to start)."""
     import multiprocessing as mp
 
     spawn = mp.get_context("spawn")
-    ctrls, procs = [], []
-    for args in args_per_reader:
-        mine, theirs = spawn.Pipe()
-        p = spawn.Process(target=target, args=(theirs, *args), daemon=True)
-        p.start()
-        theirs.close()
-        ctrls.append(mine)
-        procs.append(p)
+    ctrls: list[Any] = []
+    procs: list[Any] = []
+    try:
+        for args in args_per_reader:
+            mine, theirs = spawn.Pipe()
+            p = spawn.Process(target=target, args=(theirs, *args), daemon=True)
+            p.start()
+            theirs.close()
+            ctrls.append(mine)
+            procs.append(p)
+    except BaseException:
+        reap(procs)
+        raise
     return ctrls, procs
 
 

@@ -66,7 +66,6 @@ import argparse
 import contextlib
 import gc
 import ipaddress
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -85,11 +84,18 @@ if __package__ in (None, ""):  # run as a script: make `perf` importable
 
 import msgspec
 
-from perf._common import die_with_parent, format_table, format_targets, machine_info, summarize
+from perf._common import (
+    die_with_parent,
+    format_table,
+    format_targets,
+    machine_info,
+    spawn_readers,
+    started_peers,
+    summarize,
+)
 from perf._common import write_report as write_json
 
 clock = time.perf_counter_ns
-SPAWN = mp.get_context("spawn")
 MiB = 1 << 20
 ARRAY_BYTES = 4 * MiB
 STRIDE = 64 * 1024  # a reader reads one byte every 64 KiB of an array: 64 bytes
@@ -239,33 +245,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _start(
-    target: Callable[..., None], args_per_reader: list[tuple[Any, ...]]
-) -> tuple[list[Any], list[Any]]:
-    ctrls: list[Any] = []
-    procs: list[Any] = []
-    try:
-        for args in args_per_reader:
-            mine, theirs = SPAWN.Pipe()
-            p = SPAWN.Process(target=target, args=(theirs, *args), daemon=True)
-            p.start()
-            theirs.close()
-            ctrls.append(mine)
-            procs.append(p)
-    except BaseException:
-        _reap(procs)
-        raise
-    return ctrls, procs
-
-
-def _reap(procs: list[Any], wait: float = 10.0) -> None:
-    for p in procs:
-        p.join(wait)
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
 def _answer(peer: Peer, i: int, what: str, timeout: float = ANSWER_S) -> Any:
     """Reader ``i``'s next answer, which must be ``what``; a dead or silent reader is
     an error naming the peer, the reader and what was awaited."""
@@ -317,7 +296,7 @@ def peer_ringwire(tmp: str, host: str, remote: bool, n_local: int = 2) -> Peer:
         addrs: list[tuple[Any, int]] = [(path, rank) for rank in range(n)]
         if remote:
             addrs[2] = (bc.tcp_address, 2)
-        ctrls, procs = _start(reader_ringwire, addrs)
+        ctrls, procs = spawn_readers(reader_ringwire, addrs)
     except BaseException:
         bc.close()
         raise
@@ -358,7 +337,7 @@ def peer_zmq(tmp: str, host: str) -> Peer:
         pub.bind(ipc)
         pub.bind(f"tcp://{_host_url(host)}:*")
         tcp = pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        ctrls, procs = _start(reader_zmq, [(ipc,), (ipc,), (tcp,)])
+        ctrls, procs = spawn_readers(reader_zmq, [(ipc,), (ipc,), (tcp,)])
     except BaseException:
         pub.close(0)
         zctx.term()
@@ -489,31 +468,14 @@ def run_tput(peer: Peer, kind: str, arr: Any, n: int, record: bool = True) -> No
 
 @contextlib.contextmanager
 def _peers(tmp: str, host: str, skipped: dict[str, str]) -> Iterator[list[Peer]]:
-    peers: list[Peer] = []
-    try:
-        for key, make in (
-            ("rw_remote", lambda: peer_ringwire(tmp, host, True)),
-            ("zmq", lambda: peer_zmq(tmp, host)),
-            ("rw_local", lambda: peer_ringwire(tmp, host, False)),
-            ("rw_local3", lambda: peer_ringwire(tmp, host, False, 3)),
-        ):
-            try:
-                peers.append(make())
-            except ImportError as exc:
-                skipped[key] = str(exc)
-                print(f"skipped {key}: {exc}", file=sys.stderr)
+    makers: list[tuple[str, Callable[[], Peer]]] = [
+        ("rw_remote", lambda: peer_ringwire(tmp, host, True)),
+        ("zmq", lambda: peer_zmq(tmp, host)),
+        ("rw_local", lambda: peer_ringwire(tmp, host, False)),
+        ("rw_local3", lambda: peer_ringwire(tmp, host, False, 3)),
+    ]
+    with started_peers(makers, None, close_first=True, skipped=skipped) as peers:
         yield peers
-    finally:
-        for p in peers:
-            for c in p.ctrls:
-                with contextlib.suppress(Exception):
-                    c.send(("stop",))
-            try:
-                p.close()
-            except Exception as exc:  # noqa: BLE001 - report it, clean up the others
-                print(f"closing {p.name}: {exc!r}", file=sys.stderr)
-            finally:
-                _reap(p.procs)
 
 
 def _pct_us(samples: list[int], q: float) -> float:
