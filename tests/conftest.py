@@ -26,6 +26,7 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
+from support.procs import children
 
 from ringwire._wire.names import is_segment_name, name_pid
 
@@ -161,24 +162,6 @@ def _test_netns() -> set[str]:
         return set()
 
 
-def _children(pid: int) -> set[int]:
-    kids = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        # the command name may contain spaces and parentheses: split after the last ')'
-        fields = data[data.rfind(b")") + 2 :].split()
-        state, ppid = fields[0], int(fields[1])
-        if ppid == pid and state != b"Z":
-            kids.add(int(name))
-    return kids
-
-
 def _reap_zombies() -> None:
     while True:
         try:
@@ -216,13 +199,13 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     shm_before = _shm_names()
     memfds_before = _memory_files()
     socks_before = _socket_files(roots)
-    kids_before = _children(os.getpid())
+    kids_before = children()
     netns_before = _test_netns()
     yield
     me = os.getpid()
     # Survivors are given a moment to notice a dead peer and clean up.
-    _wait_until(lambda: not (_children(me) - kids_before), 5.0)
-    leaked_kids = _children(me) - kids_before
+    _wait_until(lambda: not (children(me) - kids_before), 5.0)
+    leaked_kids = children(me) - kids_before
     for pid in leaked_kids:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -64,6 +64,7 @@ import anyio
 import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
+from support.procs import children
 
 import ringwire
 from chaos.workers import CHAOS_SLOTS, check_record, make_record, recheck
@@ -962,23 +963,6 @@ def writer_fds() -> Counter[str]:
     return out
 
 
-def zombies() -> list[int]:
-    """Children of this process that died and were not reaped."""
-    me, out = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        if int(fields[1]) == me and fields[0] == b"Z":
-            out.append(int(entry))
-    return out
-
-
 async def remote_broadcast_round(
     h: Harness, v: Victim, r: Round, rng: random.Random, mode: str
 ) -> None:
@@ -1013,7 +997,7 @@ async def remote_broadcast_round(
     finally:
         await local.dispose()
     await v.reap()
-    assert not zombies(), f"{r.scenario}: zombie children {zombies()}"
+    assert not children(zombies=True), f"{r.scenario}: zombie children {children(zombies=True)}"
 
 
 async def _remote_broadcast_round(

@@ -11,7 +11,6 @@ cannot start."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -24,6 +23,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from support.procs import children
 
 import ringwire
 from ringwire import runtime
@@ -37,18 +37,6 @@ TESTS = Path(__file__).resolve().parents[1]
 ENTRY = "support.ray_workers:echo"
 NODE_A = {"num_cpus": 0, "resources": {"node_a": 0.1}}
 NODE_B = {"num_cpus": 0, "resources": {"node_b": 0.1}}
-
-
-def _children() -> set[int]:
-    me, kids = os.getpid(), set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):
-                data = Path(f"/proc/{name}/stat").read_bytes()
-                fields = data[data.rfind(b")") + 2 :].split()
-                if int(fields[1]) == me and fields[0] != b"Z":
-                    kids.add(int(name))
-    return kids
 
 
 def _gone(pid: int) -> bool:
@@ -77,7 +65,7 @@ def cluster() -> Iterator[Any]:
     end."""
     from ray.cluster_utils import Cluster
 
-    before = _children()
+    before = children()
     sigterm = signal.getsignal(signal.SIGTERM)  # ray.init installs its own
     tmp = tempfile.mkdtemp(prefix="rwray-", dir="/tmp")  # short: Ray's socket paths
     saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "PYTHONPATH")}
@@ -103,7 +91,7 @@ def cluster() -> Iterator[Any]:
             c.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
         pytest.skip(f"Ray cannot start a cluster here: {exc!r}")
-    daemons = _children() - before
+    daemons = children() - before
     try:
         yield c
     finally:
