@@ -8,7 +8,12 @@ through a ``sitecustomize`` (so that spawned grandchildren inherit it)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
+from typing import Any
 
 
 def blocker(*packages: str) -> str:
@@ -26,3 +31,15 @@ def blocker(*packages: str) -> str:
         sys.meta_path.insert(0, _Absent())
         """
     )
+
+
+def run_json(source: str, timeout: float = 60) -> Any:
+    """Run ``source`` in a fresh interpreter (with this one's ``sys.path``) and return
+    what the last line it printed holds, as JSON.  Fails the test (with the child's
+    stderr) if it did not exit 0."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run(
+        [sys.executable, "-c", source], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])

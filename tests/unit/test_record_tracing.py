@@ -5,10 +5,6 @@ test_record_tracing.py crosses processes), and a process without OpenTelemetry."
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -20,7 +16,7 @@ import numpy as np
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
-from support.absent import blocker
+from support.absent import blocker, run_json
 from support.broadcast import SLOTS, bpath_fixture, digest, step  # noqa: F401
 from support.otel import memory_exporter
 
@@ -497,12 +493,7 @@ NO_OTEL = blocker("opentelemetry") + textwrap.dedent(
 
 
 def test_without_opentelemetry_records_flow_untraced_and_nothing_is_imported() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run(
-        [sys.executable, "-c", NO_OTEL], capture_output=True, text=True, timeout=60, env=env
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_json(NO_OTEL)
     assert out["got"] == {"x": 1} and out["trace"] is None
     assert out["bytes"] == len(Encoder().encode({"x": 1}))
     assert out["decoded"] == 5 and out["carried"] == {"traceparent": TP}

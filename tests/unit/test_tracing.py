@@ -4,8 +4,6 @@ timings hook, and a process where OpenTelemetry cannot be imported."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,7 +18,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
-from support.absent import blocker
+from support.absent import blocker, run_json
 from support.otel import memory_exporter
 
 import ringwire
@@ -476,12 +474,7 @@ NO_OTEL = (
 
 
 def test_without_opentelemetry_calls_work_and_nothing_is_added_or_imported() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run(
-        [sys.executable, "-c", NO_OTEL], capture_output=True, text=True, timeout=60, env=env
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_json(NO_OTEL)
     assert out["call"] == [1, 1, None, "x", None]  # the five-position form, as ever
     assert out["reply"] == "X"
     assert out["served"][:6] == [2, 1, None, "Y", None, None]
@@ -540,11 +533,7 @@ def test_a_server_without_the_sdk_passes_the_trace_on_unchanged() -> None:
         anyio.run(main)
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_json(script)
     assert out["onward"][:4] == [1, 1, None, 2]
     # the same trace and parent (no SDK: the API's non-recording span keeps the
     # caller's context), the tracestate too
