@@ -377,13 +377,13 @@ def _read_channel(kind: str, core: Any) -> Iterator[Sample]:
     yield Sample("ringwire_records_total", R, st.records_received)
     yield Sample("ringwire_payload_bytes_total", S, st.bytes_sent)
     yield Sample("ringwire_payload_bytes_total", R, st.bytes_received)
-    for lane, fill, cap in (
-        (S, st.send_fill, st.send_capacity),
-        (R, st.receive_fill, st.receive_capacity),
+    for lane, fill, cap, ring in (
+        (S, st.send_fill, st.send_capacity, core.tx),
+        (R, st.receive_fill, st.receive_capacity, core.rx),
     ):
         if cap:  # a subscriber sends nothing: its sending lane is empty
             yield Sample("ringwire_unread_bytes", lane, fill)
-            yield from _unread_records(lane, core.tx if lane is S else core.rx)
+            yield from _unread_records(lane, ring)
             yield Sample("ringwire_ring_capacity_bytes", lane, cap)
             yield Sample("ringwire_ring_fill_ratio", lane, fill / cap)
     yield Sample("ringwire_parks_total", S, st.send_parks)
