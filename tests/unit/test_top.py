@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import time
+import types
 from typing import Any
 
 import pytest
@@ -266,16 +267,22 @@ def test_a_reader_that_just_got_a_record_is_not_stalled(monkeypatch: pytest.Monk
     monkeypatch.setattr(
         _top, "scan", fake_scan([(lanes_entry("seg", writers, readers), reader_of(buf))])
     )
-    real_sleep = time.sleep
+    # a clock that moves only when the sampler sleeps: the record lands in the sleep that
+    # reaches the sample's end, however slow the machine is
+    clock = [1000.0]  # the sampler's ``start``: scan is faked, nothing reads the clock earlier
+    end = clock[0] + 0.3
+    written: list[bool] = []
 
     def sleep(seconds: float) -> None:
-        if seconds < _top.TICK_S:  # the last one of the sample
-            assert writers[0].try_write(b"late")
-        real_sleep(seconds)
+        clock[0] += seconds
+        if clock[0] >= end - _top.TICK_S / 2 and not written:
+            written.append(writers[0].try_write(b"late") is True)
 
-    monkeypatch.setattr(_top.time, "sleep", sleep)
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock[0], sleep=sleep, time=time.time)
+    monkeypatch.setattr(_top, "time", fake_time)
     rep = _top.sample(0.3, stall=0.2)
     lane0 = rep["connections"][0]["lanes"][0]
+    assert written == [True]
     assert lane0["unread_records"] == 1 and not lane0["stalled"] and lane0["still_s"] < 0.2
 
 
