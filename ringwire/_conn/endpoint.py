@@ -112,7 +112,7 @@ UNSET: Any = object()  # "argument not given"
 ALIVE_EVERY = 8  # a sender nobody watches asks about the peer every this many records...
 _ALIVE_NS = 2_000_000  # ...and at most this often (see Endpoint.check_alive)
 _MIN_SPIN_NS = 2_000  # the adaptive spin budget never drops below this
-_SPIN_YIELD_NS = 20_000  # a spinning endpoint calls sched_yield() this often
+_SPIN_YIELD_NS = 20_000  # a spinning endpoint calls sched_yield() this often (shared memory)
 _SPIN_PROBE = 16  # after this many spins in a row time out, try the full budget again
 
 
@@ -158,6 +158,9 @@ class Endpoint:
         self.name = name
         self.type = type
         self.spin_ns = self._spin_cur = int(max(0.0, float(spin_us)) * 1000)
+        # TCP spins never yield: ZeroMQ's I/O thread delivers, and a yield on a loaded
+        # host gives the core to another process for a time slice (perf/README)
+        self._yield_ns = _SPIN_YIELD_NS if getattr(transport, "spin_yields", True) else 1 << 62
         self._spin_misses = 0
         self.closed = False  # we closed it
         self.eof = False  # the transport reported the peer's hang-up
@@ -719,10 +722,9 @@ class Endpoint:
         an endpoint whose peer answers within the budget stays hot, and one whose peer
         is slow -- or descheduled, on an oversubscribed machine -- soon parks at once
         instead of burning a core.  Every :data:`_SPIN_PROBE` timed-out spins in a row,
-        the next one gets the full budget again: a collapsed budget could otherwise never
-        grow back, because a 2 us spin almost never succeeds even against a peer that
-        answers in 20 us.  A long spin yields the CPU now and then, in case the peer is
-        waiting for this very core.
+        the next one gets the full budget (a 2 us spin almost never succeeds, even
+        against a peer that answers in 20 us).  A long spin on shared memory yields the
+        CPU now and then, in case the peer is waiting for this very core.
         """
         spin = self._spin_cur
         if not spin:
@@ -730,7 +732,7 @@ class Endpoint:
         clock = time.perf_counter_ns
         now = clock()
         deadline = now + spin
-        next_yield = now + _SPIN_YIELD_NS
+        next_yield = now + self._yield_ns
         while True:
             if ready(*args):
                 self._spin_misses = 0
@@ -742,7 +744,7 @@ class Endpoint:
                 break
             if now >= next_yield:
                 os.sched_yield()
-                next_yield = now + _SPIN_YIELD_NS
+                next_yield = now + self._yield_ns
         self._spin_misses += 1
         if self._spin_misses % _SPIN_PROBE == 0:
             self._spin_cur = self.spin_ns
@@ -750,12 +752,10 @@ class Endpoint:
             self._spin_cur = max(min(_MIN_SPIN_NS, self.spin_ns), spin // 2)
         return False
 
-    # -- statistics -------------------------------------------------------------------
+    # -- statistics and closing -------------------------------------------------------
 
     def statistics(self) -> ChannelStatistics:
         return channel_statistics(self)
-
-    # -- closing ----------------------------------------------------------------------
 
     def mark_closed(self) -> bool:
         """Flag our close on both lanes.  ``False`` if already closed."""

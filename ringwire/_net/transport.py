@@ -303,6 +303,7 @@ class NetTransport:
     ``pools`` makes ``(send_pool, recv_pool, encoder)`` for this transport."""
 
     same_host = False  # the peer's clock is not ours (a record's publish time: ignored)
+    spin_yields = False  # a spin never yields (its records come from ZeroMQ's I/O thread)
 
     def __init__(
         self,

@@ -1380,3 +1380,24 @@ def test_spin_budget_collapses_under_a_slow_peer_and_recovers():
         ticks = iter(range(1000))
         assert b._core.spin(lambda: next(ticks) > 3)  # the peer answers while we spin
         assert b._core._spin_cur == full and b._core._spin_misses == 0
+
+
+def test_a_long_spin_yields_on_shared_memory_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spin on a ring yields the CPU now and then (the peer may be waiting for this
+    very core); a spin on TCP never does: its records come from ZeroMQ's I/O thread,
+    and on a loaded host a yield gave the core away for a whole time slice (the loaded
+    TCP round trip was 2-4x slower with it; perf/README)."""
+    pytest.importorskip("zmq")
+    from support.net import tcp_sync_pair
+
+    yields: list[int] = []
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(1))
+    a, b = sync_pair(capacity=SMALL, spin_us=200)
+    with a, b:
+        assert not b._core.spin(lambda: False)  # 200 us of spinning
+        assert len(yields) >= 2
+    yields.clear()
+    c, d = tcp_sync_pair(spin_us=200)
+    with c, d:
+        assert not d._core.spin(lambda: False)
+        assert yields == []
