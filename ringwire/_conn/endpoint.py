@@ -159,7 +159,7 @@ class Endpoint:
         self.type = type
         self.spin_ns = self._spin_cur = int(max(0.0, float(spin_us)) * 1000)
         # TCP spins never yield: ZeroMQ's I/O thread delivers, and a yield on a loaded
-        # host gives the core to another process for a time slice (perf/README)
+        # host gave the core away for a time slice (loaded TCP RT 2.8x -> 1.9x zmq's)
         self._yield_ns = _SPIN_YIELD_NS if getattr(transport, "spin_yields", True) else 1 << 62
         self._spin_misses = 0
         self.closed = False  # we closed it

@@ -1385,8 +1385,8 @@ def test_spin_budget_collapses_under_a_slow_peer_and_recovers():
 def test_a_long_spin_yields_on_shared_memory_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A spin on a ring yields the CPU now and then (the peer may be waiting for this
     very core); a spin on TCP never does: its records come from ZeroMQ's I/O thread,
-    and on a loaded host a yield gave the core away for a whole time slice (the loaded
-    TCP round trip was 2-4x slower with it; perf/README)."""
+    and on a loaded host a yield gave the core away for a whole time slice (perf.tcp's
+    round trip under two CPU burners: 2.6-2.8x zmq's with it, 1.9-2.1x without)."""
     pytest.importorskip("zmq")
     from support.net import tcp_sync_pair
 
